@@ -1,0 +1,122 @@
+"""The engine: a loaded model, its KV cache and token buffer on the device, and the compiled steps
+that extend them. Everything the server, CLI and benchmark run goes through `Engine.generate`.
+
+Tokens live on the device in `tok_buf` (position -> token id). A step reads its input tokens from
+there and writes the token it chooses at the next position, so consecutive decode steps need no
+host round trip: the host can queue several before reading what they chose (`lookahead`). The
+only things that change between replays of a compiled step are two symbolic variables, the start
+position and (prefill only) the chunk length.
+"""
+from __future__ import annotations
+import os, time
+from typing import Iterator
+import numpy as np
+from tinygrad import Tensor, TinyJit, UOp, dtypes, Device
+from orin_llm.errors import OrinError
+from orin_llm.loader import open_model, load_weights
+from orin_llm.model import Transformer
+from orin_llm.sampling import Sampling, greedy, sample
+from orin_llm import log
+
+DEFAULT_CONTEXT = 4096
+DEFAULT_CHUNK = 32
+
+class Engine:
+  def __init__(self, path, max_context: int | None = None, device: str | None = None, chunk: int = DEFAULT_CHUNK):
+    t0 = time.monotonic()
+    self.file, self.cfg = open_model(path)
+    self.path, self.device = path, device or Device.DEFAULT
+    self.max_context = min(self.cfg.context_length, max_context or DEFAULT_CONTEXT)
+    self.chunk = min(chunk, self.max_context)
+    self.weights = load_weights(self.file, self.cfg, self.device)
+    self.model = Transformer(self.cfg, self.weights, self.max_context, self.device)
+    self.tok_buf = Tensor.zeros(self.max_context + 1, dtype=dtypes.int32, device=self.device).contiguous().realize()
+    self.params = Tensor(Sampling().as_list(), dtype=dtypes.float32, device=self.device).contiguous().realize()
+    self._params: list[float] | None = None
+    self.v_pos = UOp.variable("start_pos", 0, self.max_context - 1)
+    self.v_len = UOp.variable("chunk_len", 1, self.chunk)
+    self._jits: dict[tuple[str, bool], TinyJit] = {}
+    self.cached: list[int] = []  # tokens whose keys and values are in the cache, from position 0
+    self.load_seconds = time.monotonic() - t0
+    log.info(f"loaded {os.path.basename(str(path))}: {self.cfg.arch}, {self.cfg.n_layers} layers, dim {self.cfg.dim}, "
+             f"context {self.max_context}, {self.weight_bytes() / 2**20:.0f} MiB of weights + {self.kv_bytes() / 2**20:.0f} MiB KV cache "
+             f"(file {self.file.path.stat().st_size / 2**20:.0f} MiB) in {self.load_seconds:.1f} s")
+
+  # ------------------------------------------------------------------ memory
+  def weight_bytes(self) -> int:
+    return sum(w.nbytes() if hasattr(w, "planes") else w.nbytes() for w in self.weights.values())
+  def kv_bytes(self) -> int: return sum(b.cache.nbytes() for b in self.model.blocks)
+
+  # ------------------------------------------------------------------ compiled steps
+  def _step(self, start_pos, T, use_greedy: bool) -> Tensor:
+    logits = self.model(self.tok_buf[start_pos:start_pos + T], start_pos)
+    nxt = greedy(logits) if use_greedy else sample(logits, self.params, start_pos + T)
+    self.tok_buf[start_pos + T:start_pos + T + 1].assign(nxt)
+    return nxt
+
+  def _jit(self, kind: str, use_greedy: bool) -> TinyJit:
+    if (kind, use_greedy) not in self._jits:
+      if kind == "prefill": fn = lambda sp, n: self._step(sp, n, use_greedy).realize()
+      else: fn = lambda sp: self._step(sp, 1, use_greedy).realize()
+      self._jits[(kind, use_greedy)] = TinyJit(fn)
+    return self._jits[(kind, use_greedy)]
+
+  def _set_sampling(self, s: Sampling):
+    if (vals := s.as_list()) != self._params:
+      self.params.assign(Tensor(vals, dtype=dtypes.float32, device=self.device)).realize()
+      self._params = vals
+
+  def prefill(self, tokens: list[int], start: int, use_greedy: bool) -> None:
+    """Runs tokens[start:] through the model; the chosen next token lands at tok_buf[len(tokens)]."""
+    new = Tensor(tokens[start:], dtype=dtypes.int32, device=self.device)
+    self.tok_buf[start:len(tokens)].assign(new).realize()
+    jit = self._jit("prefill", use_greedy)
+    for s in range(start, len(tokens), self.chunk):
+      jit(self.v_pos.bind(s), self.v_len.bind(min(self.chunk, len(tokens) - s)))
+    self.cached = list(tokens)
+
+  def decode(self, pos: int, n: int, use_greedy: bool) -> list[int]:
+    """n decode steps from position pos (whose token is already in tok_buf), queued back to back."""
+    jit = self._jit("decode", use_greedy)
+    for i in range(n): jit(self.v_pos.bind(pos + i))
+    return self.tok_buf[pos + 1:pos + 1 + n].tolist() if n > 1 else [int(self.tok_buf[pos + 1].item())]
+
+  def forward(self, tokens: list[int], start: int) -> "np.ndarray":
+    """Runs tokens at positions start.. uncompiled (no JIT) and returns the last one's logits:
+    the plain path that tests and checks compare the compiled steps against."""
+    self.tok_buf[start:start + len(tokens)].assign(Tensor(tokens, dtype=dtypes.int32, device=self.device)).realize()
+    logits = self.model(self.tok_buf[start:start + len(tokens)], start).numpy()
+    self.cached = self.cached[:start] + list(tokens)
+    return logits
+
+  # ------------------------------------------------------------------ generation
+  def check_prompt(self, prompt: list[int]):
+    if not prompt: raise OrinError("the prompt is empty (no tokens)")
+    if len(prompt) >= self.max_context:
+      raise OrinError(f"the prompt has {len(prompt)} tokens, but the context holds {self.max_context} (prompt plus at least one new token)")
+
+  def generate(self, prompt: list[int], max_new: int, sampling: Sampling = Sampling(), stop_ids=frozenset(),
+               lookahead: int = 1) -> Iterator[int]:
+    """Yields up to max_new tokens after the prompt, ending after a token in stop_ids (yielded) or at
+    the end of the context. Keys and values of a prompt prefix seen before are reused."""
+    self.check_prompt(prompt)
+    common = 0
+    for a, b in zip(self.cached, prompt):
+      if a != b: break
+      common += 1
+    start = min(common, len(prompt) - 1)  # the last prompt token always runs: its logits choose the next one
+    self._set_sampling(sampling)
+    self.prefill(prompt, start, sampling.greedy)
+    pos, produced = len(prompt), 0
+    pending = [int(self.tok_buf[pos].item())]
+    while pending:
+      tok = pending.pop(0)
+      produced += 1
+      yield tok
+      if tok in stop_ids or produced >= max_new or pos + 1 >= self.max_context: break
+      if not pending:
+        n = max(1, min(lookahead, max_new - produced, self.max_context - 1 - pos))
+        pending = self.decode(pos, n, sampling.greedy)
+        # decode wrote keys/values for positions pos .. pos+n-1, whose tokens are tok and pending[:-1]
+        self.cached = self.cached[:pos] + [tok] + pending[:-1]
+      pos += 1

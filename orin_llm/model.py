@@ -1,0 +1,96 @@
+"""The LLaMA / Qwen3 decoder, written with tinygrad over quantized weights (orin_llm.quant).
+
+One forward pass takes T tokens at positions start_pos .. start_pos+T-1 (T = 1 when decoding, a
+chunk when prefilling), writes their keys and values into the float16 KV cache and returns the
+logits of the last position. start_pos (and T for prefill) may be symbolic tinygrad variables, so
+that one compiled graph serves every position.
+
+Layout choices that keep the decode step to few kernels:
+- Q/K/V are one matrix, gate/up are one matrix (rows concatenated at load, when their types match);
+- each RMSNorm is a scalar factor computed once and applied to the input of the next matvec;
+- SiLU(gate) * up is computed while the down projection reads it.
+"""
+from __future__ import annotations
+import math
+import numpy as np
+from tinygrad import Tensor, UOp, dtypes
+from tinygrad.uop.ops import resolve
+from orin_llm.config import ModelConfig
+from orin_llm.quant import QuantWeight
+
+def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
+  return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * w
+
+def rope_table(cfg: ModelConfig, max_context: int, freq_factors: np.ndarray | None) -> np.ndarray:
+  """(max_context, head_dim/2, 2) float32: cos and sin of each position's rotation angles, made in float64."""
+  inv = cfg.rope_theta ** -(np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
+  if freq_factors is not None: inv = inv / freq_factors.astype(np.float64)
+  ang = np.arange(max_context, dtype=np.float64)[:, None] * inv[None, :]
+  return np.stack([np.cos(ang), np.sin(ang)], axis=-1).astype(np.float32)
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
+  """x (T, heads, head_dim); cos, sin (T, 1, head_dim/2). llama pairs (2i, 2i+1), neox pairs (i, i+d/2)."""
+  T, H, D = x.shape
+  if neox: x0, x1 = x[..., :D // 2], x[..., D // 2:]
+  else: x0, x1 = x.reshape(T, H, D // 2, 2)[..., 0], x.reshape(T, H, D // 2, 2)[..., 1]
+  y0, y1 = x0 * cos - x1 * sin, x0 * sin + x1 * cos
+  return y0.cat(y1, dim=-1) if neox else y0.unsqueeze(-1).cat(y1.unsqueeze(-1), dim=-1).reshape(T, H, D)
+
+class Fused:
+  """Several weight matrices of one input applied as one matvec when their types allow, split after."""
+  def __init__(self, ws: list[QuantWeight]):
+    self.sizes = [w.rows for w in ws]
+    self.parts = [QuantWeight.concat(ws)] if len({w.qtype for w in ws}) == 1 else ws
+  def __call__(self, x: Tensor) -> list[Tensor]:
+    if len(self.parts) == 1: return list(self.parts[0](x).split(self.sizes, dim=-1))
+    return [w(x) for w in self.parts]
+
+class Block:
+  def __init__(self, cfg: ModelConfig, w: dict, i: int, max_context: int, device: str):
+    p = f"blk.{i}."
+    self.cfg = cfg
+    self.attn_norm, self.ffn_norm = w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"]
+    self.qkv = Fused([w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"]])
+    self.wo, self.down = w[p + "attn_output.weight"], w[p + "ffn_down.weight"]
+    self.gate_up = Fused([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]])
+    if cfg.qk_norm: self.q_norm, self.k_norm = w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"]
+    self.cache = Tensor.empty(2, cfg.n_kv_heads, max_context, cfg.head_dim, dtype=dtypes.float16, device=device).contiguous().realize()
+
+  def attention(self, x: Tensor, start_pos: int | UOp, rope: Tensor) -> Tensor:
+    c, T = self.cfg, x.shape[0]
+    q, k, v = self.qkv(rms_norm(x, self.attn_norm, c.norm_eps))
+    q, k, v = q.reshape(T, c.n_heads, c.head_dim), k.reshape(T, c.n_kv_heads, c.head_dim), v.reshape(T, c.n_kv_heads, c.head_dim)
+    if c.qk_norm: q, k = rms_norm(q, self.q_norm, c.norm_eps), rms_norm(k, self.k_norm, c.norm_eps)
+    cos, sin = rope[start_pos:start_pos + T, :, 0].unsqueeze(1), rope[start_pos:start_pos + T, :, 1].unsqueeze(1)
+    q, k = apply_rope(q, cos, sin, c.rope_neox), apply_rope(k, cos, sin, c.rope_neox)
+    # write this chunk's keys and values into the cache, then attend over everything up to it
+    new = Tensor.stack(k, v).permute(0, 2, 1, 3).cast(dtypes.float16)  # (2, kv_heads, T, head_dim)
+    cache = Tensor(self.cache.uop.after(self.cache[:, :, start_pos:start_pos + T, :].uop.store(new.uop)))
+    keys, vals = cache[0, :, 0:start_pos + T, :].float(), cache[1, :, 0:start_pos + T, :].float()  # (kv_heads, L, head_dim)
+    g = c.n_heads // c.n_kv_heads
+    q = q.reshape(T, c.n_kv_heads, g, c.head_dim).permute(1, 2, 0, 3)  # (kv_heads, g, T, head_dim)
+    scores = (q @ keys.unsqueeze(1).transpose(-1, -2)) * (1.0 / math.sqrt(c.head_dim))  # (kv_heads, g, T, L)
+    if resolve(T != 1):  # causal: position start_pos+t sees keys 0 .. start_pos+t
+      scores = scores + Tensor.full((T, start_pos + T), float("-inf")).triu(start_pos + 1)
+    out = scores.softmax(-1) @ vals.unsqueeze(1)  # (kv_heads, g, T, head_dim)
+    return self.wo(out.permute(2, 0, 1, 3).reshape(T, c.n_heads * c.head_dim))
+
+  def __call__(self, x: Tensor, start_pos: int | UOp, rope: Tensor) -> Tensor:
+    h = x + self.attention(x, start_pos, rope)
+    gate, up = self.gate_up(rms_norm(h, self.ffn_norm, self.cfg.norm_eps))
+    return h + self.down(gate.silu() * up)
+
+class Transformer:
+  def __init__(self, cfg: ModelConfig, w: dict, max_context: int, device: str):
+    self.cfg, self.max_context = cfg, max_context
+    self.embd, self.output_norm = w["token_embd.weight"], w["output_norm.weight"]
+    self.output = w["token_embd.weight"] if cfg.tied_output else w["output.weight"]
+    ff = w["rope_freqs.weight"].numpy() if cfg.rope_freq_factors else None
+    self.rope = Tensor(rope_table(cfg, max_context, ff), device=device).realize()
+    self.blocks = [Block(cfg, w, i, max_context, device) for i in range(cfg.n_layers)]
+
+  def __call__(self, tokens: Tensor, start_pos: int | UOp) -> Tensor:
+    """tokens (T,) int32 at positions start_pos.. -> float32 logits (vocab,) of the last one."""
+    x = self.embd.rows_of(tokens)
+    for b in self.blocks: x = b(x, start_pos, self.rope)
+    return self.output(rms_norm(x[-1:], self.output_norm, self.cfg.norm_eps))[0]

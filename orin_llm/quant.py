@@ -1,0 +1,161 @@
+"""Quantized weights on the device: GGUF blocks repacked into planes of 32-bit words at load time,
+and the tinygrad expressions that turn planes back into weights inside the consuming kernel.
+
+Every supported type is an affine code per group of G consecutive elements of a row:
+    w = scale * u + offset,   u an unsigned integer of B bits (B = 4, 5, 6 or 8)
+GGUF interleaves u's bits, scales and super-block scales inside each block in a layout made for
+hand-written kernels. We split them into planes, each a row-major array the kernel can read with
+wide aligned loads (tinygrad never vectorizes uint8 loads, so bytes travel as uint32 words):
+    q4   (O, I/8)  uint32: low 4 bits of u, element i in bits 4*(i%8) of word i//8
+    qh1  (O, I/32) uint32: bit 4 of u (5-bit types), element i in bit i%32 of word i//32
+    qh2  (O, I/16) uint32: bits 4-5 of u (Q6_K), element i in bits 2*(i%16) of word i//16
+    q8   (O, I/4)  uint32: u = q + 128 (Q8_0), element i in byte i%4 of word i//4
+    d, m, dmin     float16, one per block or super-block, exactly as stored in the file
+    sc, mn         uint32: 8-bit sub-block scales and mins of the K-quants, four to a word
+Nothing is rounded on the way: the kernel computes in float32 exactly what ggml dequantizes to,
+and the planes take about the file's bytes (Q4_K/Q5_K: +3%, their 6-bit scales widened to 8).
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+import numpy as np
+from gguf import GGMLQuantizationType as QT, GGML_QUANT_SIZES
+from tinygrad import Tensor, dtypes
+
+SUPPORTED = (QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K)
+
+# ---------------------------------------------------------------- host side: GGUF blocks -> planes
+
+def _f16(blocks: np.ndarray, at: int) -> np.ndarray: return blocks[:, at:at+2].copy().view(np.float16)[:, 0]
+
+def _pack(u: np.ndarray, bits: int) -> np.ndarray:
+  """Packs unsigned values u (rows, n) of `bits` bits, 32//bits to a little-endian uint32 word."""
+  per = 32 // bits
+  u = u.reshape(u.shape[0], -1, per).astype(np.uint32) & np.uint32((1 << bits) - 1)
+  return np.bitwise_or.reduce(u << (np.arange(per, dtype=np.uint32) * bits), axis=-1)
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+  """(n, 16) bytes -> (n, 32) values: the 16 low nibbles, then the 16 high nibbles (ggml's Q4_0/Q4_1/Q5 order)."""
+  return np.concatenate([qs & 0xF, qs >> 4], axis=-1)
+
+def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """The 12 scale bytes of a Q4_K/Q5_K block -> (sc, mn), eight 6-bit values each (ggml's get_scale_min_k4)."""
+  sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)], axis=-1)
+  mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=-1)
+  return sc, mn
+
+def repack(raw: np.ndarray, qtype: QT, rows: int, cols: int) -> dict[str, np.ndarray]:
+  """raw: the tensor's bytes as stored in the GGUF file. Returns the planes (numpy, row-major)."""
+  raw = np.asarray(raw)  # a plain view of the mapped file, not a np.memmap (tinygrad takes ndarrays)
+  if qtype == QT.F32: return {"w": raw.reshape(-1).view(np.float32).reshape(rows, cols)}
+  if qtype == QT.F16: return {"w": raw.reshape(-1).view(np.float16).reshape(rows, cols)}
+  if qtype == QT.BF16: return {"w2": raw.reshape(-1).view(np.uint32).reshape(rows, cols // 2)}
+  block, bsize = GGML_QUANT_SIZES[qtype]
+  b = np.ascontiguousarray(raw).reshape(-1, bsize)  # one row of b per block, rows*cols/block of them
+  nb = cols // block
+  planes: dict[str, np.ndarray] = {}
+  if qtype in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1):
+    at = 4 if qtype in (QT.Q4_1, QT.Q5_1) else 2
+    planes["d"] = _f16(b, 0)
+    if at == 4: planes["m"] = _f16(b, 2)
+    if qtype in (QT.Q5_0, QT.Q5_1):
+      planes["qh1"] = b[:, at:at+4].copy().view(np.uint32)[:, 0]  # bit j of qh is element j's 5th bit
+      at += 4
+    u = _nibbles(b[:, at:at+16])
+  elif qtype == QT.Q8_0:
+    planes["d"] = _f16(b, 0)
+    u = b[:, 2:34] ^ np.uint8(0x80)  # int8 q -> q + 128
+  elif qtype in (QT.Q4_K, QT.Q5_K):
+    planes["d"], planes["dmin"] = _f16(b, 0), _f16(b, 2)
+    sc, mn = _k_scales(b[:, 4:16])
+    planes["sc"], planes["mn"] = _pack(sc, 8), _pack(mn, 8)
+    qs = b[:, 48:176] if qtype == QT.Q5_K else b[:, 16:144]
+    qs = qs.reshape(-1, 4, 32)  # four chunks of 64 elements: 32 low nibbles, then 32 high nibbles
+    u = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(-1, 256)
+    if qtype == QT.Q5_K:
+      qh = b[:, 16:48]  # element 32*s + l takes bit s of qh[l]
+      hb = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+      u = u | (hb.reshape(-1, 256) << 4)
+  elif qtype == QT.Q6_K:
+    ql, qh = b[:, 0:128].reshape(-1, 2, 64), b[:, 128:192].reshape(-1, 2, 1, 32)
+    lo = np.concatenate([ql[:, :, :32] & 0xF, ql[:, :, 32:] & 0xF, ql[:, :, :32] >> 4, ql[:, :, 32:] >> 4], axis=-1)  # (n, 2, 128)
+    hi = (qh >> (np.arange(4, dtype=np.uint8) * 2)[None, None, :, None]) & 3  # (n, 2, 4, 32)
+    u = (lo | (hi.reshape(-1, 2, 128) << 4)).reshape(-1, 256)
+    planes["sc"] = _pack(b[:, 192:208] ^ np.uint8(0x80), 8)  # int8 scale -> scale + 128
+    planes["d"] = _f16(b, 208)
+  else:
+    raise ValueError(f"unsupported tensor type {qtype.name}")
+  if qtype == QT.Q8_0: planes["q8"] = _pack(u, 8)
+  else: planes["q4"] = _pack(u, 4)
+  if qtype in (QT.Q5_0, QT.Q5_1): pass  # qh1 already holds one word per 32-element block
+  elif qtype == QT.Q5_K: planes["qh1"] = _pack(u >> 4, 1)
+  elif qtype == QT.Q6_K: planes["qh2"] = _pack(u >> 4, 2)
+  return {k: np.ascontiguousarray(np.asarray(v).reshape(rows, -1)) for k, v in planes.items()}
+
+# ---------------------------------------------------------------- device side: planes -> weights
+
+def _unpack(words: Tensor, bits: int) -> Tensor:
+  """(..., W) uint32 -> (..., W*32/bits) values of `bits` bits, in element order."""
+  per = 32 // bits
+  shifts = Tensor.arange(per, dtype=dtypes.uint32) * bits
+  return ((words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).reshape(*words.shape[:-1], words.shape[-1] * per)
+
+def _per_group(p: Tensor, group: int) -> Tensor:
+  """(..., n) one value per group -> (..., n*group), each value repeated over its group."""
+  return p.unsqueeze(-1).expand(*p.shape, group).reshape(*p.shape[:-1], p.shape[-1] * group)
+
+# (bits of u, group size, zero point) of the types whose scale is one float16 per 32-element block
+_BLOCK32 = {QT.Q4_0: 8, QT.Q5_0: 16, QT.Q8_0: 128, QT.Q4_1: None, QT.Q5_1: None}
+
+def dequantize(planes: dict[str, Tensor], qtype: QT) -> Tensor:
+  """The float32 weights (..., I) the planes encode, as a lazy tinygrad expression (fused into its consumer)."""
+  if qtype == QT.F32: return planes["w"]
+  if qtype == QT.F16: return planes["w"].cast(dtypes.float32)
+  if qtype == QT.BF16:  # a bfloat16 is the top half of a float32
+    w = planes["w2"]
+    both = (w.unsqueeze(-1) << Tensor([16, 0], dtype=dtypes.uint32, device=w.device)) & 0xFFFF0000
+    return both.bitcast(dtypes.float32).reshape(*w.shape[:-1], w.shape[-1] * 2)
+  if qtype == QT.Q8_0: u = _unpack(planes["q8"], 8)
+  else: u = _unpack(planes["q4"], 4)
+  if "qh1" in planes: u = u | (_unpack(planes["qh1"], 1) << 4)
+  if "qh2" in planes: u = u | (_unpack(planes["qh2"], 2) << 4)
+  u = u.cast(dtypes.float32)
+  d = planes["d"].cast(dtypes.float32)
+  if qtype in _BLOCK32:
+    if qtype in (QT.Q4_1, QT.Q5_1): return u * _per_group(d, 32) + _per_group(planes["m"].cast(dtypes.float32), 32)
+    return (u - _BLOCK32[qtype]) * _per_group(d, 32)
+  if qtype in (QT.Q4_K, QT.Q5_K):
+    sc, mn = _unpack(planes["sc"], 8).cast(dtypes.float32), _unpack(planes["mn"], 8).cast(dtypes.float32)
+    scale, offset = _per_group(d, 8) * sc, _per_group(planes["dmin"].cast(dtypes.float32), 8) * mn
+    return u * _per_group(scale, 32) - _per_group(offset, 32)
+  if qtype == QT.Q6_K:
+    scale = _per_group(d, 16) * (_unpack(planes["sc"], 8).cast(dtypes.float32) - 128)
+    return (u - 32) * _per_group(scale, 16)
+  raise ValueError(f"unsupported tensor type {qtype.name}")
+
+@dataclass
+class QuantWeight:
+  """A weight matrix (rows, cols) held as planes on the device."""
+  qtype: QT
+  rows: int
+  cols: int
+  planes: dict[str, Tensor]
+
+  @staticmethod
+  def from_raw(raw: np.ndarray, qtype: QT, rows: int, cols: int, device: str) -> "QuantWeight":
+    return QuantWeight(qtype, rows, cols, {k: Tensor(v, device=device) for k, v in repack(raw, qtype, rows, cols).items()})
+
+  @staticmethod
+  def concat(ws: list["QuantWeight"]) -> "QuantWeight":
+    """Stacks weights of one type along rows (fused Q/K/V or gate/up): planes are per row, so rows concatenate."""
+    assert len({(w.qtype, w.cols) for w in ws}) == 1
+    planes = {k: ws[0].planes[k].cat(*[w.planes[k] for w in ws[1:]], dim=0).contiguous() for k in ws[0].planes}
+    return QuantWeight(ws[0].qtype, sum(w.rows for w in ws), ws[0].cols, planes)
+
+  def nbytes(self) -> int: return sum(p.nbytes() for p in self.planes.values())
+  def weights(self) -> Tensor: return dequantize(self.planes, self.qtype)
+  def rows_of(self, idx: Tensor) -> Tensor:
+    """Dequantized rows idx (an int tensor of any shape) -> (*idx.shape, cols): the embedding lookup."""
+    return dequantize({k: p[idx] for k, p in self.planes.items()}, self.qtype)
+  def __call__(self, x: Tensor) -> Tensor:
+    """x (..., cols) -> x @ W.T (..., rows), the weights dequantized inside the reduction."""
+    return (x.unsqueeze(-2) * self.weights()).sum(-1)

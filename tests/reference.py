@@ -1,0 +1,65 @@
+"""An independent float64 numpy implementation of the LLaMA / Qwen3 decoder, for tests only.
+
+It shares no code with orin_llm's model: weights are dequantized by `gguf.quants.dequantize`,
+metadata is read by `gguf.GGUFReader`, and RoPE follows ggml's definitions (llama: adjacent pairs,
+"normal" mode; qwen3: halves, "neox" mode; Llama 3 frequency divisors from rope_freqs.weight).
+"""
+import numpy as np
+import gguf
+
+class Reference:
+  def __init__(self, path):
+    r = gguf.GGUFReader(path)
+    md = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.")}
+    a = md["general.architecture"]
+    self.arch = a
+    self.n_layers, self.dim = md[f"{a}.block_count"], md[f"{a}.embedding_length"]
+    self.n_heads, self.n_kv = md[f"{a}.attention.head_count"], md[f"{a}.attention.head_count_kv"]
+    self.head_dim = md.get(f"{a}.attention.key_length", self.dim // self.n_heads)
+    self.eps, self.theta = md[f"{a}.attention.layer_norm_rms_epsilon"], md.get(f"{a}.rope.freq_base", 10000.0)
+    self.w = {}
+    for t in r.tensors:
+      shape = tuple(int(x) for x in reversed(t.shape))
+      self.w[t.name] = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float64).reshape(shape)
+    if "output.weight" not in self.w: self.w["output.weight"] = self.w["token_embd.weight"]
+    self.k_cache, self.v_cache = [[] for _ in range(self.n_layers)], [[] for _ in range(self.n_layers)]
+
+  def norm(self, x, w): return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
+
+  def rope(self, x, pos):
+    d = self.head_dim
+    inv = self.theta ** -(np.arange(0, d, 2) / d)
+    if "rope_freqs.weight" in self.w: inv = inv / self.w["rope_freqs.weight"]
+    c, s = np.cos(pos * inv), np.sin(pos * inv)
+    out = np.empty_like(x)
+    if self.arch == "qwen3": i0, i1 = np.arange(d // 2), np.arange(d // 2) + d // 2
+    else: i0, i1 = np.arange(0, d, 2), np.arange(1, d, 2)
+    out[..., i0] = x[..., i0] * c - x[..., i1] * s
+    out[..., i1] = x[..., i0] * s + x[..., i1] * c
+    return out
+
+  def step(self, token: int) -> np.ndarray:
+    """Appends one token at the next position; returns that position's logits."""
+    pos = len(self.k_cache[0])
+    x = self.w["token_embd.weight"][token]
+    for i in range(self.n_layers):
+      w = lambda n: self.w[f"blk.{i}.{n}.weight"]
+      h = self.norm(x, w("attn_norm"))
+      q = (w("attn_q") @ h).reshape(self.n_heads, self.head_dim)
+      k = (w("attn_k") @ h).reshape(self.n_kv, self.head_dim)
+      v = (w("attn_v") @ h).reshape(self.n_kv, self.head_dim)
+      if self.arch == "qwen3": q, k = self.norm(q, w("attn_q_norm")), self.norm(k, w("attn_k_norm"))
+      q, k = self.rope(q, pos), self.rope(k, pos)
+      self.k_cache[i].append(k); self.v_cache[i].append(v)
+      K, V = np.stack(self.k_cache[i], 1), np.stack(self.v_cache[i], 1)  # (kv, L, d)
+      g = self.n_heads // self.n_kv
+      out = np.empty((self.n_heads, self.head_dim))
+      for hh in range(self.n_heads):
+        sc = K[hh // g] @ q[hh] / np.sqrt(self.head_dim)
+        p = np.exp(sc - sc.max()); p /= p.sum()
+        out[hh] = p @ V[hh // g]
+      x = x + w("attn_output") @ out.reshape(-1)
+      h = self.norm(x, w("ffn_norm"))
+      gate, up = w("ffn_gate") @ h, w("ffn_up") @ h
+      x = x + w("ffn_down") @ (gate / (1 + np.exp(-gate)) * up)
+    return self.w["output.weight"] @ self.norm(x, self.w["output_norm.weight"])
