@@ -64,8 +64,8 @@ class Tokenizer:
     if len(vocab) != len(tokens): raise OrinError("the vocabulary (tokenizer.ggml.tokens) has duplicate tokens")
     self._types = list(token_types) if token_types else [NORMAL] * len(tokens)
     self.stop_ids = frozenset(self._find_special(vocab, special_ids or {}))
-    # llama.cpp splits special tokens out of the text longest first; user-defined ones even when special=False
-    specials = sorted((i for i, t in enumerate(self._types) if t in (CONTROL, USER_DEFINED, UNKNOWN)), key=lambda i: -len(tokens[i]))
+    # llama.cpp splits special tokens out of the text longest (in bytes) first; user-defined ones even when special=False
+    specials = sorted((i for i, t in enumerate(self._types) if t in (CONTROL, USER_DEFINED, UNKNOWN)), key=lambda i: -len(tokens[i].encode()))
     self._specials = [(tokens[i], i) for i in specials]
     self._user_defined = [(tokens[i], i) for i in specials if self._types[i] == USER_DEFINED]
     self._special_re = re.compile("|".join(re.escape(t) for t, _ in self._specials)) if specials else None
@@ -121,10 +121,8 @@ class Tokenizer:
     if bos if bos is not None else self.add_bos:
       if self.bos_id is None: raise OrinError("the model has no BOS token (tokenizer.ggml.bos_token_id)")
       ids.append(self.bos_id)
-    frags = self._split_special(text, special)
-    raw = [f for f in frags if isinstance(f, str)]
-    enc = iter(self._hf.encode_batch(raw, add_special_tokens=False) if raw else [])
-    for f in frags: ids.extend(next(enc).ids if isinstance(f, str) else (f,))
+    # one encode per fragment: encode_batch would start the tokenizers thread pool, which then warns on every fork
+    for f in self._split_special(text, special): ids.extend(self._hf.encode(f, add_special_tokens=False).ids if isinstance(f, str) else (f,))
     return ids
 
   def _split_special(self, text: str, special: bool) -> list[str | int]:
