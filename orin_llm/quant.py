@@ -148,7 +148,7 @@ class QuantWeight:
   def concat(ws: list["QuantWeight"]) -> "QuantWeight":
     """Stacks weights of one type along rows (fused Q/K/V or gate/up): planes are per row, so rows concatenate."""
     assert len({(w.qtype, w.cols) for w in ws}) == 1
-    planes = {k: ws[0].planes[k].cat(*[w.planes[k] for w in ws[1:]], dim=0).contiguous() for k in ws[0].planes}
+    planes = {k: ws[0].planes[k].cat(*[w.planes[k] for w in ws[1:]], dim=0).contiguous().realize() for k in ws[0].planes}
     return QuantWeight(ws[0].qtype, sum(w.rows for w in ws), ws[0].cols, planes)
 
   def nbytes(self) -> int: return sum(p.nbytes() for p in self.planes.values())

@@ -1,0 +1,118 @@
+"""`orin-llm bench`: decode and prefill speed of our engine, and of llama.cpp's llama-bench on the
+same file in the same invocation, with the ratio ours / llama.cpp for each figure."""
+from __future__ import annotations
+import json, os, shutil, statistics, subprocess, sys, time
+import numpy as np
+from orin_llm.errors import OrinError
+from orin_llm import log
+
+def add_parser(sub):
+  p = sub.add_parser("bench", help="measure decode/prefill speed, side by side with llama.cpp")
+  p.add_argument("--model", "-m", help="GGUF model file (default: the default model)")
+  p.add_argument("--llama-bench", help="llama-bench binary (default: llama-bench on PATH, if any)")
+  p.add_argument("--json", help="also write the results to this file")
+  p.add_argument("--beam", type=int, default=None, help="BEAM search width for kernel optimization (default: tinygrad's BEAM env)")
+  p.add_argument("--tokens", "-n", type=int, default=128, help="decoded tokens to time (default 128)")
+  p.add_argument("--prompt", type=int, default=512, help="prefill length (default 512)")
+  p.add_argument("--lookahead", type=int, default=8, help="decode steps queued before the host reads tokens (default 8)")
+  p.add_argument("--context", type=int, default=None, help="context to allocate (default: prompt + tokens + 64)")
+  p.set_defaults(fn=cmd_bench)
+
+def decode_bytes(eng) -> int:
+  """Bytes one decode step must read: every weight plane once, except the embedding table, of which
+  only a row is read (unless the output head is tied to it and reads it whole)."""
+  total = 0
+  for name, w in eng.weights.items():
+    if name == "token_embd.weight" and not eng.cfg.tied_output: continue
+    total += w.nbytes()
+  return total
+
+def bench_ours(eng, n_tokens: int, prompt_len: int, lookahead: int) -> dict:
+  from tinygrad.helpers import GlobalCounters
+  from orin_llm.sampling import Sampling
+  rng = np.random.default_rng(0)
+  vocab = eng.cfg.vocab_size
+  greedy = Sampling()
+  # compile: prefill (two chunk sizes) and decode, outside the timings
+  t0 = time.monotonic()
+  for _ in range(3):
+    eng.cached = []
+    for _ in eng.generate(rng.integers(0, vocab, eng.chunk + 3).tolist(), 4, greedy, lookahead=2): pass
+  compile_s = time.monotonic() - t0
+  # prefill: prompt_len tokens from an empty cache, until the first token is on the host
+  ttft = []
+  for _ in range(3):
+    eng.cached = []
+    prompt = rng.integers(0, vocab, prompt_len).tolist()
+    t = time.perf_counter()
+    next(iter(eng.generate(prompt, 1, greedy)))
+    ttft.append(time.perf_counter() - t)
+  # kernels and estimated bytes of one decode step
+  eng.cached = []
+  prompt = rng.integers(0, vocab, 16).tolist()
+  for _ in eng.generate(prompt, 2, greedy): pass
+  GlobalCounters.reset()
+  eng.decode(len(eng.cached), 1, True)
+  kernels, est_bytes = GlobalCounters.kernel_count, GlobalCounters.global_mem
+  # decode: n_tokens after a warm-up, timed in windows of `lookahead` tokens
+  eng.cached = []
+  stamps = []
+  gen = eng.generate(rng.integers(0, vocab, 16).tolist(), n_tokens + 32, greedy, lookahead=lookahead)
+  for i, _ in enumerate(gen): stamps.append(time.perf_counter())
+  stamps = np.array(stamps[32:])  # the first 32 tokens warm up
+  window = max(lookahead, 8)
+  rates = [window / (stamps[i + window] - stamps[i]) for i in range(0, len(stamps) - window, window)]
+  total = (len(stamps) - 1) / (stamps[-1] - stamps[0])
+  nbytes = decode_bytes(eng)
+  return {"decode_tok_s": statistics.median(rates), "decode_tok_s_mean": total, "decode_tok_s_min": min(rates),
+          "decode_tok_s_max": max(rates), "prefill_tokens": prompt_len, "prefill_tok_s": prompt_len / min(ttft),
+          "ttft_s": min(ttft), "kernels_per_token": kernels, "bytes_per_token": nbytes, "tinygrad_est_bytes_per_token": est_bytes,
+          "decode_gb_s": nbytes * statistics.median(rates) / 1e9, "compile_s": compile_s, "load_s": eng.load_seconds,
+          "tokens_timed": len(stamps)}
+
+def bench_llama(binary: str, model: str, n_tokens: int, prompt_len: int) -> dict:
+  cmd = [binary, "-m", model, "-ngl", "99", "-p", str(prompt_len), "-n", str(n_tokens), "-fa", "0,1", "-r", "3", "-o", "json"]
+  log.info("running " + " ".join(cmd))
+  r = subprocess.run(cmd, capture_output=True, text=True)
+  if r.returncode != 0: raise OrinError(f"llama-bench failed ({r.returncode}): {r.stderr.strip().splitlines()[-1:] }")
+  out = {}
+  for row in json.loads(r.stdout):
+    kind = "decode" if row["n_gen"] > 0 else "prefill"
+    out[f"{kind}_tok_s_fa{int(row['flash_attn'])}"] = row["avg_ts"]
+  out["build"] = f"{r.stdout and json.loads(r.stdout)[0].get('build_commit', '?')}"
+  return out
+
+def cmd_bench(args):
+  from orin_llm.cli import model_path
+  if args.beam is not None: os.environ["BEAM"] = str(args.beam)
+  from orin_llm.engine import Engine
+  from tinygrad import Device
+  model = model_path(args)
+  eng = Engine(model, max_context=args.context or args.prompt + args.tokens + 64)
+  ours = bench_ours(eng, args.tokens, args.prompt, args.lookahead)
+  res = {"model": str(model), "device": Device.DEFAULT, "beam": int(os.environ.get("BEAM", "0") or 0), "ours": ours,
+         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+  binary = args.llama_bench or shutil.which("llama-bench")
+  if binary:
+    ll = bench_llama(binary, str(model), args.tokens, args.prompt)
+    res["llama_cpp"] = ll
+    res["ratio"] = {k: ours["decode_tok_s" if k.startswith("decode") else "prefill_tok_s"] / v
+                    for k, v in ll.items() if k.endswith(("fa0", "fa1"))}
+  print_table(res)
+  if args.json:
+    with open(args.json, "w") as f: json.dump(res, f, indent=1)
+
+def print_table(res: dict):
+  o = res["ours"]
+  rows = [("decode tok/s (median)", f"{o['decode_tok_s']:.1f}  [min {o['decode_tok_s_min']:.1f}, max {o['decode_tok_s_max']:.1f}, mean {o['decode_tok_s_mean']:.1f}]"),
+          ("decode GB/s", f"{o['decode_gb_s']:.0f} ({o['bytes_per_token'] / 2**20:.0f} MiB per token)"),
+          ("kernels per token", str(o["kernels_per_token"])),
+          (f"prefill tok/s ({o['prefill_tokens']})", f"{o['prefill_tok_s']:.0f}"),
+          ("time to first token", f"{o['ttft_s'] * 1e3:.1f} ms"),
+          ("load / compile", f"{o['load_s']:.1f} s / {o['compile_s']:.1f} s")]
+  if "llama_cpp" in res:
+    ll, r = res["llama_cpp"], res["ratio"]
+    for k in sorted(r): rows.append((f"llama.cpp {k.replace('_tok_s', '')}", f"{ll[k]:.1f} tok/s   ours/llama.cpp = {r[k]:.2f}x"))
+  w = max(len(a) for a, _ in rows)
+  print(f"orin-llm bench: {os.path.basename(res['model'])} on {res['device']} (BEAM={res['beam']})")
+  for a, b in rows: print(f"  {a:<{w}}  {b}")

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Prepares what a run on the lent GPU machine needs beside the checkout (all git-ignored):
+#   .whl/       the patched tinygrad (built from the pinned sdist + pkgs/tinygrad/patches) and gguf
+#   .baseline/  the prebuilt llama.cpp from ../shared/baseline
+#   .dev/       the Llama 3 vocabulary from ../shared/data, for `orin-llm synth`
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf .whl && mkdir -p .whl .dev .baseline
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. pkgs/tinygrad/source.env
+tar xzf ".cache/tinygrad-$TINYGRAD_VERSION.tar.gz" -C "$tmp"
+sh pkgs/tinygrad/apply-patches.sh "$tmp/tinygrad-$TINYGRAD_VERSION"
+python3 -m pip wheel -q --no-deps "$tmp/tinygrad-$TINYGRAD_VERSION" -w .whl
+python3 -m pip download -q --no-deps --only-binary=:all: gguf==0.19.0 -d .whl
+cp ../shared/baseline/* .baseline/
+cp ../shared/data/ggml-vocab-llama-bpe.gguf .dev/
+du -sh .whl .baseline .dev

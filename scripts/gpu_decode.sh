@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# On the GPU machine: install the carried wheels, make the 1B-shaped Q6_K file, run the bench
+# side by side with llama.cpp and a per-kernel profile. Output under $OUT.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD DEV=CUDA PYTHONUNBUFFERED=1
+M=/tmp/llama1b-q6k.gguf
+[ -f $M ] || { time python3 -m orin_llm synth --preset llama-3.2-1b --type Q6_K --vocab .dev/ggml-vocab-llama-bpe.gguf -o $M; }
+LB=$(bash .baseline/llama-baseline.sh | head -1)/llama-bench
+"$@"
