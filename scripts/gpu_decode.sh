@@ -7,4 +7,4 @@ export PYTHONPATH=/tmp/site:$PWD DEV=CUDA PYTHONUNBUFFERED=1
 M=/tmp/llama1b-q6k.gguf
 [ -f $M ] || { time python3 -m orin_llm synth --preset llama-3.2-1b --type Q6_K --vocab .dev/ggml-vocab-llama-bpe.gguf -o $M; }
 LB=$(bash .baseline/llama-baseline.sh | head -1)/llama-bench
-"$@"
+eval "$1"
