@@ -51,8 +51,9 @@ class Engine:
   def _step(self, start_pos, T, use_greedy: bool) -> Tensor:
     logits = self.model(self.tok_buf[start_pos:start_pos + T], start_pos)
     nxt = greedy(logits) if use_greedy else sample(logits, self.params, start_pos + T)
-    self.tok_buf[start_pos + T:start_pos + T + 1].assign(nxt)
-    return nxt
+    # one output: realizing nxt and the assign separately would run the model twice (and realize every
+    # intermediate the two share, dequantized weights included)
+    return self.tok_buf[start_pos + T:start_pos + T + 1].assign(nxt)
 
   def _jit(self, kind: str, use_greedy: bool) -> TinyJit:
     if (kind, use_greedy) not in self._jits:

@@ -18,7 +18,7 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, device: str) -> dict:
     info, raw = f.tensors[name], f.raw(name)
     if len(info.shape) == 1:  # norms and rope factors: small, kept as float32
       vals = raw.reshape(-1).view(np.float32) if info.qtype == QT.F32 else gguf.quants.dequantize(np.asarray(raw).reshape(-1), info.qtype)
-      out[name] = Tensor(np.ascontiguousarray(vals, dtype=np.float32), device=device).realize()
+      out[name] = Tensor(np.array(vals, dtype=np.float32), device=device).realize()
     else:
       out[name] = QuantWeight.from_raw(raw, info.qtype, info.shape[0], info.shape[1], device)
       Tensor.realize(*out[name].planes.values())

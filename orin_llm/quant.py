@@ -89,7 +89,8 @@ def repack(raw: np.ndarray, qtype: QT, rows: int, cols: int) -> dict[str, np.nda
   if qtype in (QT.Q5_0, QT.Q5_1): pass  # qh1 already holds one word per 32-element block
   elif qtype == QT.Q5_K: planes["qh1"] = _pack(u >> 4, 1)
   elif qtype == QT.Q6_K: planes["qh2"] = _pack(u >> 4, 2)
-  return {k: np.ascontiguousarray(np.asarray(v).reshape(rows, -1)) for k, v in planes.items()}
+  # tinygrad copies host arrays to the GPU from writable memory only: views of the mapped file are copied
+  return {k: np.require(np.asarray(v).reshape(rows, -1), requirements=["C", "W"]) for k, v in planes.items()}
 
 # ---------------------------------------------------------------- device side: planes -> weights
 
