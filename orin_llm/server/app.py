@@ -162,7 +162,7 @@ async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, ch
   job = Job(prompt, g["max_new"], g["sampling"], g["stop"], asyncio.get_running_loop())
   try: srv.worker.submit(job)
   except QueueFull as e:
-    raise APIError(429, f"the request queue is full ({srv.cfg.queue_size} waiting); try again later", "rate_limit_error",
+    raise APIError(429, f"the request queue is full ({srv.worker.queue_size} waiting); try again later", "rate_limit_error",
                    code="queue_full", headers={"Retry-After": str(e.retry_after)}) from None
   rid, created = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], int(time.time())
   obj = "chat.completion" if chat else "text_completion"
@@ -200,7 +200,7 @@ async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, ch
       await resp.write_eof()
     except ConnectionError: pass  # the client left mid-stream; finally frees the engine
     return resp
-  finally: job.cancelled.set()  # no-op when the job is done; otherwise stops it (or keeps it from starting)
+  finally: job.cancel()  # no-op when the job is done; otherwise stops it (or keeps it from starting)
 
 # ---------------------------------------------------------------------- routes
 async def chat_completions(request: web.Request):
@@ -247,12 +247,12 @@ async def health(request: web.Request):
   state = "stopping" if srv.stopping else w.state
   body = {"status": state, "model": srv.model_id}
   if w.failure is not None: body["error"] = str(w.failure)
-  if state == "ready": body.update(queue_depth=w.queue.qsize(), context_length=w.engine.max_context)
+  if state == "ready": body.update(queue_depth=w.depth(), context_length=w.engine.max_context)
   return web.json_response(body, status=200 if state == "ready" else 503)
 
 async def metrics(request: web.Request):
   m = request.app[SERVER].metrics
-  m.queue_depth.set(request.app[SERVER].worker.queue.qsize())
+  m.queue_depth.set(request.app[SERVER].worker.depth())
   return web.Response(body=m.render(), headers={"Content-Type": m.content_type})
 
 def make_app(srv: Server) -> web.Application:

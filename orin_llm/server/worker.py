@@ -31,7 +31,7 @@ class StopText:
     out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
     return out, False
 
-@dataclass
+@dataclass(eq=False)
 class Job:
   prompt: list[int]
   max_new: int
@@ -41,6 +41,11 @@ class Job:
   events: asyncio.Queue = field(default_factory=asyncio.Queue)
   cancelled: threading.Event = field(default_factory=threading.Event)
   arrived: float = field(default_factory=time.monotonic)
+  worker: Worker | None = None
+  def cancel(self):
+    """Stops the job between two tokens, or keeps it from starting; a no-op once it is done."""
+    self.cancelled.set()
+    if self.worker is not None: self.worker._unqueue(self)
   def emit(self, *event):
     try: self.loop.call_soon_threadsafe(self.events.put_nowait, event)
     except RuntimeError: self.cancelled.set()  # the loop is closed: nobody is listening
@@ -52,7 +57,10 @@ class Worker:
   """States: loading -> warming -> ready (-> stopping), or error (failure holds the exception)."""
   def __init__(self, load, queue_size: int, metrics: Metrics, on_status=lambda state, text: None):
     self._load, self.metrics, self.on_status = load, metrics, on_status
-    self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
+    # the queue is unbounded; the bound is on live waiting jobs, so that a job whose client left
+    # gives its place back at once rather than when the thread gets to it
+    self.queue: queue.Queue[Job | None] = queue.Queue()
+    self.queue_size, self.waiting, self._lock = queue_size, set(), threading.Lock()
     self.state, self.failure = "loading", None
     self.engine = self.tok = None
     self.heartbeat = time.monotonic()
@@ -63,8 +71,7 @@ class Worker:
   def start(self): self.thread.start()
   def stop(self):
     self._stop.set()
-    try: self.queue.put_nowait(None)  # wakes the thread at once
-    except queue.Full: pass
+    self.queue.put_nowait(None)  # wakes the thread at once
 
   def alive(self, max_age: float) -> bool:
     """The loop is running: the thread lives and, once serving, has beaten within max_age seconds
@@ -72,10 +79,19 @@ class Worker:
     if not self.thread.is_alive(): return False
     return self.state in ("loading", "warming") or time.monotonic() - self.heartbeat < max_age
 
+  def depth(self) -> int: return len(self.waiting)
+
   def submit(self, job: Job):
-    try: self.queue.put_nowait(job)
-    except queue.Full: raise QueueFull(max(1, min(60, round(self.avg_seconds * (self.queue.qsize() + 1))))) from None
-    self.metrics.queue_depth.set(self.queue.qsize())
+    with self._lock:
+      if len(self.waiting) >= self.queue_size: raise QueueFull(max(1, min(60, round(self.avg_seconds * (len(self.waiting) + 1)))))
+      job.worker = self
+      self.waiting.add(job)
+      self.queue.put_nowait(job)
+    self.metrics.queue_depth.set(len(self.waiting))
+
+  def _unqueue(self, job: Job):
+    with self._lock: self.waiting.discard(job)
+    self.metrics.queue_depth.set(len(self.waiting))
 
   def _set(self, state: str, status: str):
     self.state = state
@@ -99,8 +115,8 @@ class Worker:
       self.heartbeat = time.monotonic()
       try: job = self.queue.get(timeout=0.5)
       except queue.Empty: continue
-      self.metrics.queue_depth.set(self.queue.qsize())
       if job is None: break
+      self._unqueue(job)
       self._serve(job)
 
   def _warm_up(self):
