@@ -82,7 +82,7 @@ async def serve(cfg, stop: asyncio.Event | None = None, on_listening=None, load=
   await stop.wait()
   srv.stopping = True
   systemd.notify("STOPPING=1\nSTATUS=stopping: finishing running requests")
-  logger.info("stopping: waiting up to %.0f s for running requests", STOP_GRACE)
+  if worker.state != "error": logger.info("stopping: waiting up to %.0f s for running requests", STOP_GRACE)
   await runner.cleanup()  # closes the listener, waits for handlers up to shutdown_timeout, then cancels them
   watcher.cancel()
   worker.stop()
