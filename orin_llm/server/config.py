@@ -1,0 +1,88 @@
+"""Server configuration: a TOML file (`--config`) overridden by command-line flags. A bad file, an
+unknown key or a bad value stops start-up with one line naming the key."""
+from __future__ import annotations
+import pathlib, tomllib
+from dataclasses import dataclass, replace
+from orin_llm.errors import OrinError
+
+@dataclass(frozen=True)
+class ServerConfig:
+  model: str | None = None             # GGUF file; None: orin_llm.cli.default_model()
+  host: str = "127.0.0.1"
+  port: int = 8080
+  context_length: int | None = None    # None: min(model's, engine.DEFAULT_CONTEXT)
+  api_key: str | None = None           # Bearer token for /v1/*; None: no authentication
+  api_key_file: str | None = None      # the same, read from a file (systemd LoadCredential=)
+  queue_size: int = 16                 # requests waiting behind the running one; more get 429
+  max_tokens_default: int = 512        # max_tokens when a request gives none
+  beam_width: int = 0                  # [beam] width: tinygrad BEAM search (0: off)
+  beam_workers: int | None = None      # [beam] workers: processes of the search (None: tinygrad's default)
+  kernel_cache_directory: str | None = None  # [kernel_cache] directory: where tinygrad's cache.db lives
+
+# key in the file -> (field, accepted types, check of the value or None, what the check wants)
+def _positive(v): return v > 0
+_KEYS = {
+  "model": ("model", str, None, ""), "host": ("host", str, bool, "a non-empty string"),
+  "port": ("port", int, lambda v: 1 <= v <= 65535, "an integer in 1..65535"),
+  "context_length": ("context_length", int, lambda v: v >= 2, "an integer >= 2"),
+  "api_key": ("api_key", str, bool, "a non-empty string"), "api_key_file": ("api_key_file", str, bool, "a non-empty string"),
+  "queue_size": ("queue_size", int, _positive, "a positive integer"),
+  "max_tokens_default": ("max_tokens_default", int, _positive, "a positive integer"),
+}
+_TABLES = {
+  "beam": {"width": ("beam_width", int, lambda v: v >= 0, "an integer >= 0"), "workers": ("beam_workers", int, _positive, "a positive integer")},
+  "kernel_cache": {"directory": ("kernel_cache_directory", str, bool, "a non-empty string")},
+}
+_TYPE_NAMES = {str: "a string", int: "an integer"}
+
+def _check(where: str, key: str, value, spec) -> tuple[str, object]:
+  name, typ, ok, wants = spec
+  # TOML booleans are ints to Python: refuse them where a number is wanted
+  if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+    raise OrinError(f"{where}: {key} must be {wants or _TYPE_NAMES[typ]}, not {type(value).__name__} {value!r}")
+  if ok is not None and not ok(value): raise OrinError(f"{where}: {key} must be {wants}, not {value!r}")
+  return name, value
+
+def from_toml(path: str | pathlib.Path) -> ServerConfig:
+  try: data = tomllib.loads(pathlib.Path(path).read_text())
+  except OSError as e: raise OrinError(f"{path}: cannot read the config file: {e.strerror or e}") from None
+  except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e: raise OrinError(f"{path}: not valid TOML: {e}") from None
+  return from_dict(data, str(path))
+
+def from_dict(data: dict, where: str = "config") -> ServerConfig:
+  values = {}
+  for key, value in data.items():
+    if key in _KEYS: k, v = _check(where, key, value, _KEYS[key]); values[k] = v
+    elif key in _TABLES:
+      if not isinstance(value, dict): raise OrinError(f"{where}: {key} must be a table ([{key}])")
+      for sub, v in value.items():
+        if sub not in _TABLES[key]: raise OrinError(f"{where}: unknown key {key}.{sub} (known: {', '.join(_TABLES[key])})")
+        k, v = _check(where, f"{key}.{sub}", v, _TABLES[key][sub]); values[k] = v
+    else: raise OrinError(f"{where}: unknown key {key!r} (known: {', '.join([*_KEYS, *_TABLES])})")
+  return ServerConfig(**values)
+
+def resolve(args) -> ServerConfig:
+  """The configuration of `orin-llm serve`: the file, then the flags, then checks that need the file system."""
+  cfg = from_toml(args.config) if args.config else ServerConfig()
+  flags = {"model": args.model, "host": args.host, "port": args.port, "context_length": args.context,
+           "api_key_file": args.api_key_file, "queue_size": args.queue_size}
+  where = "command line"
+  for k, v in flags.items():
+    if v is None: continue
+    flag = {"context_length": "--context", "api_key_file": "--api-key-file", "queue_size": "--queue-size"}.get(k, f"--{k}")
+    spec = _KEYS[k]
+    _check(where, flag, v, spec)
+    cfg = replace(cfg, **{k: v})
+    if k == "api_key_file": cfg = replace(cfg, api_key=None)  # the flag replaces whatever key the file gave
+  if cfg.api_key and cfg.api_key_file: raise OrinError(f"{args.config}: give api_key or api_key_file, not both")
+  if cfg.api_key_file:
+    try: key = pathlib.Path(cfg.api_key_file).read_text().strip()
+    except OSError as e: raise OrinError(f"api_key_file: cannot read {cfg.api_key_file}: {e.strerror or e}") from None
+    if not key: raise OrinError(f"api_key_file: {cfg.api_key_file} is empty")
+    cfg = replace(cfg, api_key=key)
+  if cfg.model is None:
+    from orin_llm.cli import default_model
+    cfg = replace(cfg, model=str(default_model()))
+  if not pathlib.Path(cfg.model).is_file(): raise OrinError(f"model: {cfg.model}: model file not found")
+  return cfg
+

