@@ -8,7 +8,7 @@ M=/tmp/llama1b-q6k.gguf
 [ -f $M ] || { time python3 -m orin_llm synth --preset llama-3.2-1b --type Q6_K --vocab .dev/ggml-vocab-llama-bpe.gguf -o $M; }
 # tinygrad's kernel cache (BEAM results included): brought along from the last run, sent back after this one
 export CACHEDB=/tmp/beam.db
-[ -f .dev/beam.db ] && [ ! -f $CACHEDB ] && cp .dev/beam.db $CACHEDB
-trap 'cp $CACHEDB $OUT/beam.db 2>/dev/null' EXIT
+[ -f .dev/beam.db.xz ] && [ ! -f $CACHEDB ] && xz -dc .dev/beam.db.xz > $CACHEDB
+trap 'xz -T8 -c $CACHEDB > $OUT/beam.db.xz 2>/dev/null' EXIT
 LB=$(bash .baseline/llama-baseline.sh | head -1)/llama-bench
 eval "$1"

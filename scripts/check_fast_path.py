@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""The fast path against a plain one on the same device and file: logits of the step kernels as
+compiled (BEAM-tuned, dequantization fused into each matvec) against a plain path whose weights
+are dequantized once into float32 matrices and multiplied by tinygrad's default kernels (BEAM=0);
+then greedy tokens of the compiled decode loop against the plain path's.
+  check_fast_path.py MODEL [--positions N] [--tokens N]"""
+import argparse
+import numpy as np
+from tinygrad import Tensor
+from tinygrad.helpers import Context
+from orin_llm.engine import Engine
+from orin_llm.quant import QuantWeight
+from orin_llm.sampling import Sampling
+
+ap = argparse.ArgumentParser(); ap.add_argument("model"); ap.add_argument("--positions", type=int, default=6)
+ap.add_argument("--tokens", type=int, default=32)
+a = ap.parse_args()
+rng = np.random.default_rng(1)
+eng = Engine(a.model, max_context=704)  # the bench's context: same kernels, so BEAM results are reused
+prompt = rng.integers(0, eng.cfg.vocab_size, 40).tolist()
+fast_tokens = list(eng.generate(prompt, a.tokens, Sampling()))  # compiled prefill + decode steps
+fast_logits = []
+eng.cached = []
+with Context(BEAM=0): eng.forward(prompt[:30], 0)
+for p in range(30, 30 + a.positions):  # the compiled decode step's kernels, run at several positions
+  eng.tok_buf[p:p + 1].assign(Tensor([prompt[p]], dtype="int32")).realize()
+  fast_logits.append(eng.model(eng.tok_buf[eng.v_pos.bind(p):eng.v_pos.bind(p) + 1], eng.v_pos.bind(p)).numpy())
+dense = {}
+def plain_call(self, x):  # float32 weights, dequantized once
+  if id(self) not in dense: dense[id(self)] = self.weights().contiguous().realize()
+  return x @ dense[id(self)].T
+QuantWeight.__call__ = plain_call
+eng.cached = []
+with Context(BEAM=0):
+  eng.forward(prompt[:30], 0)
+  errs = [float(np.linalg.norm(f - (r := eng.forward([prompt[p]], p))) / np.linalg.norm(r)) for p, f in zip(range(30, 30 + a.positions), fast_logits)]
+  eng.cached, plain_tokens, logits = [], [], eng.forward(prompt, 0)
+  for i in range(a.tokens):
+    plain_tokens.append(int(np.argmax(logits)))
+    logits = eng.forward([plain_tokens[-1]], len(prompt) + i)
+print("logits rel err at positions 30..:", " ".join(f"{e:.2e}" for e in errs), "max", f"{max(errs):.2e}", "PASS" if max(errs) < 1e-2 else "FAIL")
+same = sum(x == y for x, y in zip(fast_tokens, plain_tokens))
+print(f"greedy tokens: {same}/{a.tokens} equal", "PASS" if same == a.tokens else "FAIL", fast_tokens[:12], plain_tokens[:12])
