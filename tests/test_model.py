@@ -54,14 +54,31 @@ def test_greedy_matches_reference(model, rng):
     assert tok == best or logits[best] - logits[tok] < 1e-3 * np.abs(logits).max(), (i, got, best)
     logits = ref.step(tok)
 
+def near_tie(eng, prefix, a, b) -> bool:
+  """Whether tokens a and b are (nearly) equally likely after prefix: the only excuse for two correct
+  paths to choose differently (random tiny models often have such ties)."""
+  eng.cached = []
+  lg = eng.forward(prefix, 0)
+  return abs(lg[a] - lg[b]) < 1e-3 * np.abs(lg).max()
+
 def test_prefill_then_decode_equals_token_by_token(model, rng):
   path, eng = model
   prompt = rng.integers(0, VOCAB, 21).tolist()  # three chunks of 8, the last one partial
+  eng.cached = []
+  whole = eng.forward(prompt, 0)
+  eng.cached = []
+  for i, t in enumerate(prompt): stepped = eng.forward([t], i)
+  assert rel_err(stepped, whole) < 1e-3
+  # the compiled steps: chunked prefill, against a cache filled one token at a time
+  eng.cached = []
   chunked = list(eng.generate(prompt, 6))
-  eng.cached = []  # forget the cache: run the prompt one token at a time
+  eng.cached = []
   for i, t in enumerate(prompt[:-1]): eng.forward([t], i)
-  stepped = list(eng.generate(prompt, 6))  # reuses the 20 cached positions, runs only the last token
-  assert stepped == chunked
+  one_by_one = list(eng.generate(prompt, 6))  # reuses the 20 cached positions, runs only the last token
+  for i, (a, b) in enumerate(zip(chunked, one_by_one)):
+    if a != b:
+      assert near_tie(eng, prompt + chunked[:i], a, b), (i, chunked, one_by_one)
+      break
 
 def test_prefix_reuse_gives_same_tokens(model, rng):
   path, eng = model
@@ -71,7 +88,10 @@ def test_prefix_reuse_gives_same_tokens(model, rng):
   reused = list(eng.generate(b, 5))
   eng.cached = []
   fresh = list(eng.generate(b, 5))
-  assert reused == fresh
+  for i, (x, y) in enumerate(zip(reused, fresh)):
+    if x != y:
+      assert near_tie(eng, b + reused[:i], x, y), (i, reused, fresh)
+      break
 
 def test_lookahead_gives_same_tokens(model, rng):
   path, eng = model
@@ -80,4 +100,4 @@ def test_lookahead_gives_same_tokens(model, rng):
   one = list(eng.generate(prompt, 12, lookahead=1))
   eng.cached = []
   four = list(eng.generate(prompt, 12, lookahead=4))
-  assert one == four
+  assert one == four  # the same compiled step on the same inputs: no excuse for any difference
