@@ -100,6 +100,11 @@ def _unpack(words: Tensor, bits: int) -> Tensor:
   shifts = Tensor.arange(per, dtype=dtypes.uint32) * bits
   return ((words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).reshape(*words.shape[:-1], words.shape[-1] * per)
 
+def int_to_float(u: Tensor) -> Tensor:
+  """Small unsigned integers (< 2**23) to float32. A seam for experiments with the conversion
+  (scripts/matvec_bench.py): on NVIDIA GPUs integer-to-float conversion runs at a quarter of the FMA rate."""
+  return u.cast(dtypes.float32)
+
 def _per_group(p: Tensor, group: int) -> Tensor:
   """(..., n) one value per group -> (..., n*group), each value repeated over its group."""
   return p.unsqueeze(-1).expand(*p.shape, group).reshape(*p.shape[:-1], p.shape[-1] * group)
@@ -119,17 +124,17 @@ def dequantize(planes: dict[str, Tensor], qtype: QT) -> Tensor:
   else: u = _unpack(planes["q4"], 4)
   if "qh1" in planes: u = u | (_unpack(planes["qh1"], 1) << 4)
   if "qh2" in planes: u = u | (_unpack(planes["qh2"], 2) << 4)
-  u = u.cast(dtypes.float32)
+  u = int_to_float(u)
   d = planes["d"].cast(dtypes.float32)
   if qtype in _BLOCK32:
     if qtype in (QT.Q4_1, QT.Q5_1): return u * _per_group(d, 32) + _per_group(planes["m"].cast(dtypes.float32), 32)
     return (u - _BLOCK32[qtype]) * _per_group(d, 32)
   if qtype in (QT.Q4_K, QT.Q5_K):
-    sc, mn = _unpack(planes["sc"], 8).cast(dtypes.float32), _unpack(planes["mn"], 8).cast(dtypes.float32)
+    sc, mn = int_to_float(_unpack(planes["sc"], 8)), int_to_float(_unpack(planes["mn"], 8))
     scale, offset = _per_group(d, 8) * sc, _per_group(planes["dmin"].cast(dtypes.float32), 8) * mn
     return u * _per_group(scale, 32) - _per_group(offset, 32)
   if qtype == QT.Q6_K:
-    scale = _per_group(d, 16) * (_unpack(planes["sc"], 8).cast(dtypes.float32) - 128)
+    scale = _per_group(d, 16) * (int_to_float(_unpack(planes["sc"], 8)) - 128)
     return (u - 32) * _per_group(scale, 16)
   raise ValueError(f"unsupported tensor type {qtype.name}")
 
