@@ -10,8 +10,7 @@ from tinygrad import Tensor, TinyJit, dtypes, Device
 from orin_llm import quant
 from orin_llm.synth import random_blocks
 
-def magic(u: Tensor) -> Tensor:  # float(u) = bits(0x4B000000 | u) - 2**23, exact for u < 2**23: an OR and an FSUB
-  return (u | 0x4B000000).bitcast(dtypes.float32) - 8388608.0
+def cast(u: Tensor) -> Tensor: return u.cast(dtypes.float32)  # I2F: a quarter of the FMA rate on NVIDIA GPUs
 
 ap = argparse.ArgumentParser(); ap.add_argument("--type", default="Q6_K"); ap.add_argument("--rows", type=int, default=16384)
 ap.add_argument("--cols", type=int, default=2048); ap.add_argument("--iters", type=int, default=200); ap.add_argument("--copies", type=int, default=6)
@@ -20,21 +19,24 @@ qt, rng = QT[a.type], np.random.default_rng(0)
 raws = [random_blocks(rng, qt, a.rows * a.cols) for _ in range(a.copies)]
 x = Tensor(rng.normal(size=(1, a.cols)).astype(np.float32)).realize()
 ref = None
-for name, conv in (("cast", quant.int_to_float), ("magic", magic)):
+for name, conv in (("cast", cast), ("magic", quant.int_to_float)):
   quant.int_to_float = conv
   ws = [quant.QuantWeight.from_raw(r, qt, a.rows, a.cols, Device.DEFAULT) for r in raws]
   nbytes = ws[0].nbytes()
-  fns = [TinyJit(lambda x, w=w: w(x).realize()) for w in ws]
+  def all_copies(x):  # one graph of len(ws) kernels: launches back to back, no host gap between them
+    outs = [w(x) for w in ws]
+    Tensor.realize(*outs)
+    return outs[0]
+  f = TinyJit(all_copies)
   t0 = time.perf_counter()
-  for f in fns:
-    for _ in range(3): out = f(x)
+  for _ in range(3): f(x)
   compile_s = time.perf_counter() - t0
-  y = fns[0](x).numpy()
+  y = f(x).numpy()
   ref = y if ref is None else ref
   Device[Device.DEFAULT].synchronize()
   t0 = time.perf_counter()
-  for i in range(a.iters): fns[i % len(fns)](x)
+  for i in range(a.iters // len(ws)): f(x)
   Device[Device.DEFAULT].synchronize()
-  us = 1e6 * (time.perf_counter() - t0) / a.iters
+  us = 1e6 * (time.perf_counter() - t0) / (a.iters // len(ws) * len(ws))
   err = float(np.abs(y - ref).max() / np.abs(ref).max())
   print(f"{a.type} {a.rows}x{a.cols} {name:6s}: {us:7.1f} us/matvec, {nbytes / us / 1e3:6.0f} GB/s ({nbytes / 2**20:.1f} MiB), compile {compile_s:.0f} s, max rel diff vs cast {err:.1e}")
