@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--vocab", required=True, help="GGUF file to take the vocabulary from")
   p.add_argument("--seed", type=int, default=0); p.add_argument("--out", "-o", required=True)
   p.set_defaults(fn=cmd_synth)
-  for mod in ("orin_llm.bench", "orin_llm.server.cli"):  # commands that live with their subsystem
+  for mod in ("orin_llm.bench", "orin_llm.prewarm", "orin_llm.server.cli"):  # commands that live with their subsystem
     try: m = importlib.import_module(mod)
     except ModuleNotFoundError as e:
       if not (e.name and mod.startswith(e.name)): raise  # the subsystem itself is absent, not one of its imports

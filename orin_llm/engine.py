@@ -22,13 +22,23 @@ DEFAULT_CONTEXT = 4096
 DEFAULT_CHUNK = 32
 
 class Engine:
-  def __init__(self, path, max_context: int | None = None, device: str | None = None, chunk: int = DEFAULT_CHUNK):
+  def __init__(self, path, max_context: int | None = None, device: str | None = None, chunk: int = DEFAULT_CHUNK,
+               cache: str | os.PathLike | bool | None = None, shipped: str | os.PathLike | None = None):
+    """cache: a directory (True: kernel_cache.cache_dir()) for the kernel database chosen for this
+    model and device (a missing one copied from `shipped`) and the repacked planes; None: neither,
+    tinygrad uses $CACHEDB."""
     t0 = time.monotonic()
     self.file, self.cfg = open_model(path)
     self.path, self.device = path, device or Device.DEFAULT
     self.max_context = min(self.cfg.context_length, max_context or DEFAULT_CONTEXT)
     self.chunk = min(chunk, self.max_context)
-    self.weights = load_weights(self.file, self.cfg, self.device)
+    self.kernel_db = None
+    if cache is not None and cache is not False:
+      from orin_llm import kernel_cache
+      cache = kernel_cache.cache_dir(None if cache is True else cache)
+      # before anything is realized: tinygrad opens its database at the first kernel
+      self.kernel_db = kernel_cache.select(cache, self.device, self.cfg, self.file.tensors, shipped=shipped)
+    self.weights = load_weights(self.file, self.cfg, self.device, cache_dir=cache if self.kernel_db else None)
     self.model = Transformer(self.cfg, self.weights, self.max_context, self.device)
     self.tok_buf = Tensor.zeros(self.max_context + 1, dtype=dtypes.int32, device=self.device).contiguous().realize()
     self.params = Tensor(Sampling().as_list(), dtype=dtypes.float32, device=self.device).contiguous().realize()

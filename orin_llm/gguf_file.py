@@ -82,7 +82,7 @@ class GGUFFile:
       except ValueError: raise OrinError(f"{path}: tensor {name} has unknown tensor type {qt}") from None
       infos.append((name, dims, qtype, off))
     align = int(self.metadata.get("general.alignment", 32))
-    data_start = (cur.pos + align - 1) // align * align
+    self.data_start = data_start = (cur.pos + align - 1) // align * align
     self.tensors: dict[str, TensorInfo] = {}
     for name, dims, qtype, off in infos:
       block, bsize = GGML_QUANT_SIZES[qtype]

@@ -1,28 +1,116 @@
-"""From a GGUF file to device tensors: matrices repacked into quantized planes, vectors as float32."""
+"""From a GGUF file to device tensors: matrices repacked into quantized planes, vectors as float32.
+
+Repacking is CPU work (seconds for a 1B model on the Orin), so its output can be kept: `PlanesCache`
+writes every tensor's planes to one flat file next to the kernel cache, with a JSON index keyed by
+the model file's size, mtime and header hash and FORMAT; a later load maps the file and uploads
+the planes as they are."""
 from __future__ import annotations
-import time
+import hashlib, json, mmap, os, pathlib, tempfile, time
 import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as QT
 from tinygrad import Tensor, Device
 from orin_llm.config import ModelConfig, config_from_gguf
 from orin_llm.gguf_file import GGUFFile
-from orin_llm.quant import QuantWeight
+from orin_llm.quant import QuantWeight, repack
 from orin_llm import log
 
-def load_weights(f: GGUFFile, cfg: ModelConfig, device: str) -> dict:
+FORMAT = 1  # bump when repack's output changes
+ALIGN = 4096
+
+class PlanesCache:
+  """planes-<key>.bin (planes back to back, each ALIGN-aligned) and planes-<key>.json (the index,
+  written last: a file without its index is an unfinished write and is ignored)."""
+  def __init__(self, directory, f: GGUFFile):
+    st = f.path.stat()
+    with open(f.path, "rb") as fh: header = hashlib.sha256(fh.read(f.data_start)).hexdigest()
+    self.ident = {"format": FORMAT, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "header": header}
+    key = hashlib.sha256(json.dumps(self.ident, sort_keys=True).encode()).hexdigest()[:16]
+    self.dir = pathlib.Path(directory)
+    self.bin, self.index = self.dir / f"planes-{key}.bin", self.dir / f"planes-{key}.json"
+    self._out, self.model = None, str(f.path.absolute())
+
+  def read(self) -> dict[str, dict[str, np.ndarray]] | None:
+    """name -> planes (views of the mapped file, writable copy-on-write pages), or None when absent or stale."""
+    try: idx = json.loads(self.index.read_text())
+    except (OSError, ValueError): return None
+    if idx.get("ident") != self.ident: return None
+    try:
+      with open(self.bin, "rb") as fh: mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError): return None
+    if len(mm) != idx["bytes"]: return None
+    # plain ndarrays (tinygrad takes no np.memmap); ACCESS_COPY: writable, as tinygrad's copies want, never written back
+    return {name: {k: np.frombuffer(mm, np.dtype(dt), int(np.prod(shape)), off).reshape(shape) for k, (off, dt, shape) in planes.items()}
+            for name, planes in idx["tensors"].items()}
+
+  def begin(self):
+    try:
+      self.dir.mkdir(parents=True, exist_ok=True)
+      fd, self._tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-planes-")
+      os.chmod(self._tmp, 0o644)  # mkstemp makes it 0600; the database next to it is 0644 too
+      self._out, self._tensors = os.fdopen(fd, "wb"), {}
+    except OSError as e: log.info(f"planes cache: cannot write in {self.dir} ({e.strerror or e}): not caching")
+
+  def put(self, name: str, planes: dict[str, np.ndarray]):
+    if self._out is None: return
+    try:
+      ent = {}
+      for k, v in planes.items():
+        pos = self._out.tell()
+        if pad := -pos % ALIGN: self._out.write(b"\0" * pad); pos += pad
+        self._out.write(np.ascontiguousarray(v).data)
+        ent[k] = (pos, v.dtype.str, list(v.shape))
+      self._tensors[name] = ent
+    except OSError as e: self._fail(e)
+
+  def commit(self):
+    if self._out is None: return
+    try:
+      size = self._out.tell()
+      self._out.close(); self._out = None
+      os.replace(self._tmp, self.bin)
+      tmp = self.index.with_suffix(".json.tmp")
+      tmp.write_text(json.dumps({"ident": self.ident, "model": self.model, "bytes": size, "tensors": self._tensors}))
+      os.replace(tmp, self.index)
+      self._drop_stale()
+      log.info(f"planes cache: wrote {self.bin} ({size / 2**20:.0f} MiB)")
+    except OSError as e: self._fail(e)
+
+  def _drop_stale(self):
+    """Removes the planes of earlier versions of this model file: they can never match again."""
+    for idx in self.dir.glob("planes-*.json"):
+      if idx == self.index: continue
+      try:
+        if json.loads(idx.read_text()).get("model") != self.model: continue
+        idx.unlink(); idx.with_suffix(".bin").unlink(missing_ok=True)
+      except (OSError, ValueError): pass
+
+  def _fail(self, e: OSError):
+    log.info(f"planes cache: writing {self.dir} failed ({e.strerror or e}): not caching")
+    if self._out is not None: self._out.close()
+    self._out = None
+    pathlib.Path(self._tmp).unlink(missing_ok=True)
+
+def load_weights(f: GGUFFile, cfg: ModelConfig, device: str, cache_dir=None) -> dict:
   out = {}
   names = list(cfg.tensor_shapes())
   t0 = time.monotonic()
+  pc = PlanesCache(cache_dir, f) if cache_dir is not None else None
+  cached = pc.read() if pc is not None else None
+  if pc is not None and cached is None: pc.begin()
   for n, name in enumerate(names):
-    info, raw = f.tensors[name], f.raw(name)
+    info = f.tensors[name]
     if len(info.shape) == 1:  # norms and rope factors: small, kept as float32
+      raw = f.raw(name)
       vals = raw.reshape(-1).view(np.float32) if info.qtype == QT.F32 else gguf.quants.dequantize(np.asarray(raw).reshape(-1), info.qtype)
       out[name] = Tensor(np.array(vals, dtype=np.float32), device=device).realize()
     else:
-      out[name] = QuantWeight.from_raw(raw, info.qtype, info.shape[0], info.shape[1], device)
+      planes = cached[name] if cached is not None else repack(f.raw(name), info.qtype, info.shape[0], info.shape[1])
+      if pc is not None and cached is None: pc.put(name, planes)
+      out[name] = QuantWeight(info.qtype, info.shape[0], info.shape[1], {k: Tensor(v, device=device) for k, v in planes.items()})
       Tensor.realize(*out[name].planes.values())
-    log.progress("loading weights", n + 1, len(names), t0)
+    log.progress("loading weights" + (" (cached planes)" if cached is not None else ""), n + 1, len(names), t0)
+  if pc is not None and cached is None: pc.commit()
   return out
 
 def open_model(path) -> tuple[GGUFFile, ModelConfig]:

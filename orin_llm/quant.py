@@ -43,6 +43,55 @@ def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=-1)
   return sc, mn
 
+CHUNK = 4096  # blocks repacked at a time: the temporaries stay in the CPU's caches
+
+def _nib_pairs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Bytes x (n, 2m) -> their low nibbles and their high nibbles, two to a byte in element order
+  (n, m) each: 8 consecutive 4-bit values in a little-endian uint32, as _pack(u, 4) packs them."""
+  a, b = x[:, 0::2], x[:, 1::2]
+  return (a & 0xF) | (b << 4), (a >> 4) | (b & 0xF0)
+
+def _repack_fast(b: np.ndarray, qtype: QT, planes: dict):
+  """Q4_K, Q5_K, Q6_K, Q8_0 built byte-wise from the blocks, CHUNK blocks at a time, into
+  preallocated planes: no uint32 per element, no full-size temporaries. Same output as the
+  element-wise path (tests/test_cache.py compares them)."""
+  n = b.shape[0]
+  out = {}
+  def plane(name, width, dtype=np.uint32): out[name] = np.empty((n, width), dtype); return out[name]
+  if qtype == QT.Q8_0:
+    d, q8 = plane("d", 1, np.float16), plane("q8", 8)
+    for i in range(0, n, CHUNK):
+      c = b[i:i + CHUNK]
+      d[i:i + CHUNK] = c[:, 0:2].view(np.float16)
+      q8[i:i + CHUNK] = (c[:, 2:34] ^ np.uint8(0x80)).view(np.uint32)
+  elif qtype == QT.Q6_K:
+    sc, d, q4, qh2 = plane("sc", 4), plane("d", 1, np.float16), plane("q4", 32), plane("qh2", 16)
+    for i in range(0, n, CHUNK):
+      c = b[i:i + CHUNK]; m = c.shape[0]
+      ql = c[:, 0:128].reshape(m * 2, 64)  # per 128-element half: ql[0:32] low, ql[32:64] low, ql[0:32] high, ql[32:64] high
+      lo0, hi0 = _nib_pairs(ql[:, :32]); lo1, hi1 = _nib_pairs(ql[:, 32:])
+      q4[i:i + m] = np.concatenate([lo0, lo1, hi0, hi1], axis=1).reshape(m, 128).view(np.uint32)
+      qh = c[:, 128:192].reshape(m * 2, 8, 4)  # element 32*s + l of a half takes bits 2s..2s+1 of qh[l]
+      v = np.stack([(qh >> (2 * s)) & 3 for s in range(4)], axis=1)  # (2m, 4, 8, 4)
+      qh2[i:i + m] = (v[..., 0] | (v[..., 1] << 2) | (v[..., 2] << 4) | (v[..., 3] << 6)).reshape(m, 64).view(np.uint32)
+      sc[i:i + m] = (c[:, 192:208] ^ np.uint8(0x80)).view(np.uint32)
+      d[i:i + m] = c[:, 208:210].view(np.float16)
+  else:  # Q4_K, Q5_K
+    d, dmin, sc, mn, q4 = plane("d", 1, np.float16), plane("dmin", 1, np.float16), plane("sc", 2), plane("mn", 2), plane("q4", 32)
+    if qtype == QT.Q5_K: qh1 = plane("qh1", 8)
+    at = 48 if qtype == QT.Q5_K else 16
+    for i in range(0, n, CHUNK):
+      c = b[i:i + CHUNK]; m = c.shape[0]
+      d[i:i + m], dmin[i:i + m] = c[:, 0:2].view(np.float16), c[:, 2:4].view(np.float16)
+      s, t = _k_scales(c[:, 4:16])
+      sc[i:i + m], mn[i:i + m] = np.ascontiguousarray(s).view(np.uint32), np.ascontiguousarray(t).view(np.uint32)
+      lo, hi = _nib_pairs(c[:, at:at + 128].reshape(m * 4, 32))  # four chunks of 64: 32 low nibbles, then 32 high
+      q4[i:i + m] = np.concatenate([lo, hi], axis=1).reshape(m, 128).view(np.uint32)
+      if qtype == QT.Q5_K:  # element 32*s + l takes bit s of qh[l]: bit s of each qh byte, 8 to a byte of qh1
+        bits = np.unpackbits(c[:, 16:48, None], axis=2, bitorder="little")  # (m, 32 l, 8 s)
+        qh1[i:i + m] = np.packbits(bits.transpose(0, 2, 1), axis=2, bitorder="little").reshape(m, 32).view(np.uint32)
+  planes.update(out)
+
 def repack(raw: np.ndarray, qtype: QT, rows: int, cols: int) -> dict[str, np.ndarray]:
   """raw: the tensor's bytes as stored in the GGUF file. Returns the planes (numpy, row-major)."""
   raw = np.asarray(raw)  # a plain view of the mapped file, not a np.memmap (tinygrad takes ndarrays)
@@ -53,6 +102,9 @@ def repack(raw: np.ndarray, qtype: QT, rows: int, cols: int) -> dict[str, np.nda
   b = np.ascontiguousarray(raw).reshape(-1, bsize)  # one row of b per block, rows*cols/block of them
   nb = cols // block
   planes: dict[str, np.ndarray] = {}
+  if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0):
+    _repack_fast(b, qtype, planes)
+    return {k: v.reshape(rows, -1) for k, v in planes.items()}  # fresh arrays: C-contiguous and writable
   if qtype in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1):
     at = 4 if qtype in (QT.Q4_1, QT.Q5_1) else 2
     planes["d"] = _f16(b, 0)

@@ -3,6 +3,9 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("DEV", "CPU")
+# the server and prewarm cache kernels and planes: never in the user's ~/.cache during tests
+import tempfile
+os.environ.setdefault("ORIN_LLM_CACHE_DIR", tempfile.mkdtemp(prefix="orin-llm-test-cache-"))
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
 LLAMA_VOCAB = SHARED / "ggml-vocab-llama-bpe.gguf"

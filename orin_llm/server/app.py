@@ -248,6 +248,8 @@ async def health(request: web.Request):
   body = {"status": state, "model": srv.model_id}
   if w.failure is not None: body["error"] = str(w.failure)
   if state == "ready": body.update(queue_depth=w.depth(), context_length=w.engine.max_context)
+  if (k := w.kernel_counts()) is not None:  # misses_after_ready > 0: a request compiled (prewarm missed a step)
+    body["kernel_cache"] = k | {"misses_after_ready": k["misses"] - w.ready_counts["misses"] if w.ready_counts else None}
   return web.json_response(body, status=200 if state == "ready" else 503)
 
 async def metrics(request: web.Request):

@@ -21,8 +21,9 @@ def add_parser(sub):
   p.set_defaults(fn=cmd_serve)
 
 def tinygrad_settings(cfg):
-  """[beam] and [kernel_cache] as tinygrad's variables: in the environment for BEAM worker processes
-  and the first import, and in the ContextVars in case tinygrad is imported already."""
+  """[beam] as tinygrad's variables: in the environment for BEAM worker processes and the first
+  import, and in the ContextVars in case tinygrad is imported already. [kernel_cache] directory is
+  checked here; the engine chooses the database in it (kernel_cache.py) and sets CACHEDB."""
   env = {}
   if cfg.beam_width: env["BEAM"] = str(cfg.beam_width)
   if cfg.beam_workers: env["PARALLEL"] = str(cfg.beam_workers)
@@ -30,18 +31,16 @@ def tinygrad_settings(cfg):
     d = pathlib.Path(cfg.kernel_cache_directory)
     try: d.mkdir(parents=True, exist_ok=True)
     except OSError as e: raise OrinError(f"kernel_cache.directory: cannot create {d}: {e.strerror or e}") from None
-    env["CACHEDB"] = str(d / "cache.db")
   os.environ.update(env)
   if env:
     from tinygrad import helpers
     if "BEAM" in env: helpers.BEAM.value = cfg.beam_width
     if "PARALLEL" in env: helpers.PARALLEL.value = cfg.beam_workers
-    if "CACHEDB" in env: helpers.CACHEDB = env["CACHEDB"]
 
 def load_engine(cfg):
   from orin_llm.engine import Engine
   from orin_llm.tokenizer import Tokenizer
-  eng = Engine(cfg.model, max_context=cfg.context_length)
+  eng = Engine(cfg.model, max_context=cfg.context_length, cache=cfg.kernel_cache_directory or True, shipped=cfg.kernel_cache_shipped)
   return eng, Tokenizer.from_metadata(eng.file.metadata)
 
 async def serve(cfg, stop: asyncio.Event | None = None, on_listening=None, load=load_engine):

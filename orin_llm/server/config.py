@@ -17,7 +17,8 @@ class ServerConfig:
   max_tokens_default: int = 512        # max_tokens when a request gives none
   beam_width: int = 0                  # [beam] width: tinygrad BEAM search (0: off)
   beam_workers: int | None = None      # [beam] workers: processes of the search (None: tinygrad's default)
-  kernel_cache_directory: str | None = None  # [kernel_cache] directory: where tinygrad's cache.db lives
+  kernel_cache_directory: str | None = None  # [kernel_cache] directory: kernel databases and repacked planes (None: kernel_cache.cache_dir())
+  kernel_cache_shipped: str | None = None    # [kernel_cache] shipped: read-only prebuilt database (file or directory), copied in when missing
 
 # key in the file -> (field, accepted types, check of the value or None, what the check wants)
 def _positive(v): return v > 0
@@ -31,7 +32,8 @@ _KEYS = {
 }
 _TABLES = {
   "beam": {"width": ("beam_width", int, lambda v: v >= 0, "an integer >= 0"), "workers": ("beam_workers", int, _positive, "a positive integer")},
-  "kernel_cache": {"directory": ("kernel_cache_directory", str, bool, "a non-empty string")},
+  "kernel_cache": {"directory": ("kernel_cache_directory", str, bool, "a non-empty string"),
+                   "shipped": ("kernel_cache_shipped", str, bool, "a non-empty string")},
 }
 _TYPE_NAMES = {str: "a string", int: "an integer"}
 

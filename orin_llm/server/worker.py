@@ -63,6 +63,7 @@ class Worker:
     self.queue_size, self.waiting, self._lock = queue_size, set(), threading.Lock()
     self.state, self.failure = "loading", None
     self.engine = self.tok = None
+    self.ready_counts: dict | None = None  # kernel cache counts at READY: /health reports what changed since
     self.heartbeat = time.monotonic()
     self.avg_seconds = 5.0  # running mean of a job's duration, for Retry-After
     self._stop = threading.Event()
@@ -78,6 +79,16 @@ class Worker:
     (it beats at least every half second when idle and at every token when busy)."""
     if not self.thread.is_alive(): return False
     return self.state in ("loading", "warming") or time.monotonic() - self.heartbeat < max_age
+
+  def kernel_counts(self) -> dict | None:
+    """The kernel cache's path and lookups so far (kernel_cache.Counter), None when the engine uses none."""
+    if self.engine is None or getattr(self.engine, "kernel_db", None) is None: return None
+    from orin_llm.kernel_cache import COUNTER
+    return COUNTER.snapshot()
+
+  def _kernels(self) -> str:
+    k = self.kernel_counts()
+    return "" if k is None else f"; kernels: {k['hits']} from the cache, {k['compiled']} compiled, {k['searched']} BEAM-searched"
 
   def depth(self) -> int: return len(self.waiting)
 
@@ -105,7 +116,8 @@ class Worker:
       self._set("warming", "warming up: compiling the prefill and decode steps")
       t0 = time.monotonic()
       self._warm_up()
-      self._set("ready", f"ready (warm-up took {time.monotonic() - t0:.1f} s)")
+      self._set("ready", f"ready (warm-up took {time.monotonic() - t0:.1f} s{self._kernels()})")
+      self.ready_counts = self.kernel_counts()
       self.metrics.ready.set(1)
     except BaseException as e:
       self.failure, self.state = e, "error"
@@ -120,18 +132,18 @@ class Worker:
       self._serve(job)
 
   def _warm_up(self):
-    # TinyJit captures a step on its second call and replays from the third: three short
-    # generations per variant (greedy and sampled) compile prefill and decode before READY=1
-    eng, tok = self.engine, self.tok
-    base = tok.encode("The quick brown fox jumps over the lazy dog")[:eng.max_context - 8] or [0]
-    for s in (Sampling(), Sampling(1.0, 40, 0.9, 0)):
-      for i in range(3):
-        self.heartbeat = time.monotonic()
-        for _ in eng.generate(base[:len(base) - i] or base, 4, s): pass
-    eng.cached = []
+    from orin_llm.prewarm import warm_up  # the routine `orin-llm prewarm` fills the kernel cache with
+    warm_up(self.engine, beat=lambda: setattr(self, "heartbeat", time.monotonic()))
 
   def _serve(self, job: Job):
     if job.cancelled.is_set(): return  # its client left while it waited
+    before = self.kernel_counts()
+    try: self._generate(job)
+    finally:
+      if before is not None and (n := self.kernel_counts()["misses"] - before["misses"]):
+        logger.info(f"kernel cache: this request compiled or searched {n} kernels (not in {before['path']}; run orin-llm prewarm)")
+
+  def _generate(self, job: Job):
     eng, tok, m = self.engine, self.tok, self.metrics
     job.emit("start")
     m.busy.set(1)

