@@ -1,8 +1,9 @@
 """The engine: a loaded model, its KV cache and token buffer on the device, and the compiled steps
 that extend them. Everything the server, CLI and benchmark run goes through `Engine.generate`.
 
-Tokens live on the device in `tok_buf` (position -> token id). A step reads its input tokens from
-there and writes the token it chooses at the next position, so consecutive decode steps need no
+Tokens live on the device: the prompt in `prompt_buf`, chosen tokens in `tok_buf` (position -> id).
+A step writes the token it chooses at the position after its input, and a decode step reads its
+input token from `tok_buf`, so consecutive decode steps need no
 host round trip: the host can queue several before reading what they chose (`lookahead`). The
 only things that change between replays of a compiled step are two symbolic variables, the start
 position and (prefill only) the chunk length.
@@ -40,6 +41,9 @@ class Engine:
       self.kernel_db = kernel_cache.select(cache, self.device, self.cfg, self.file.tensors, shipped=shipped)
     self.weights = load_weights(self.file, self.cfg, self.device, cache_dir=cache if self.kernel_db else None)
     self.model = Transformer(self.cfg, self.weights, self.max_context, self.device)
+    # prompt tokens (read by prefill) and chosen tokens (written by every step, read by decode) are kept apart:
+    # a prefill chunk writes its choice at the position after it, where the next chunk's prompt token lies
+    self.prompt_buf = Tensor.zeros(self.max_context, dtype=dtypes.int32, device=self.device).contiguous().realize()
     self.tok_buf = Tensor.zeros(self.max_context + 1, dtype=dtypes.int32, device=self.device).contiguous().realize()
     self.params = Tensor(Sampling().as_list(), dtype=dtypes.float32, device=self.device).contiguous().realize()
     self._params: list[float] | None = None
@@ -58,8 +62,9 @@ class Engine:
   def kv_bytes(self) -> int: return sum(b.cache.nbytes() for b in self.model.blocks)
 
   # ------------------------------------------------------------------ compiled steps
-  def _step(self, start_pos, T, use_greedy: bool) -> Tensor:
-    logits = self.model(self.tok_buf[start_pos:start_pos + T], start_pos)
+  def _step(self, start_pos, T, use_greedy: bool, prefill: bool = False) -> Tensor:
+    src = self.prompt_buf if prefill else self.tok_buf  # prefill reads the prompt, decode the last choice
+    logits = self.model(src[start_pos:start_pos + T], start_pos)
     nxt = greedy(logits) if use_greedy else sample(logits, self.params, start_pos + T)
     # one output: realizing nxt and the assign separately would run the model twice (and realize every
     # intermediate the two share, dequantized weights included)
@@ -67,7 +72,7 @@ class Engine:
 
   def _jit(self, kind: str, use_greedy: bool) -> TinyJit:
     if (kind, use_greedy) not in self._jits:
-      if kind == "prefill": fn = lambda sp, n: self._step(sp, n, use_greedy).realize()
+      if kind == "prefill": fn = lambda sp, n: self._step(sp, n, use_greedy, prefill=True).realize()
       else: fn = lambda sp: self._step(sp, 1, use_greedy).realize()
       self._jits[(kind, use_greedy)] = TinyJit(fn)
     return self._jits[(kind, use_greedy)]
@@ -80,7 +85,7 @@ class Engine:
   def prefill(self, tokens: list[int], start: int, use_greedy: bool) -> None:
     """Runs tokens[start:] through the model; the chosen next token lands at tok_buf[len(tokens)]."""
     new = Tensor(tokens[start:], dtype=dtypes.int32, device=self.device)
-    self.tok_buf[start:len(tokens)].assign(new).realize()
+    self.prompt_buf[start:len(tokens)].assign(new).realize()
     jit = self._jit("prefill", use_greedy)
     for s in range(start, len(tokens), self.chunk):
       jit(self.v_pos.bind(s), self.v_len.bind(min(self.chunk, len(tokens) - s)))
@@ -95,8 +100,8 @@ class Engine:
   def forward(self, tokens: list[int], start: int) -> "np.ndarray":
     """Runs tokens at positions start.. uncompiled (no JIT) and returns the last one's logits:
     the plain path that tests and checks compare the compiled steps against."""
-    self.tok_buf[start:start + len(tokens)].assign(Tensor(tokens, dtype=dtypes.int32, device=self.device)).realize()
-    logits = self.model(self.tok_buf[start:start + len(tokens)], start).numpy()
+    self.prompt_buf[start:start + len(tokens)].assign(Tensor(tokens, dtype=dtypes.int32, device=self.device)).realize()
+    logits = self.model(self.prompt_buf[start:start + len(tokens)], start).numpy()
     self.cached = self.cached[:start] + list(tokens)
     return logits
 

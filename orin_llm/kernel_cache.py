@@ -76,11 +76,17 @@ def install_shipped(target: pathlib.Path, shipped: str | os.PathLike | None) -> 
   logger.info(f"kernel cache: copied the shipped {src} to {target}")
   return True
 
+# tinygrad keeps one connection per thread (patch 0005) in helpers._db_connections, a threading.local
+def _connection():
+  from tinygrad import helpers
+  return getattr(helpers._db_connections, "conn", None)
+
 _stale: list = []  # connections inherited by forked workers: never used nor closed there (closing would checkpoint the WAL)
 def _after_fork_in_child():
+  import threading
   from tinygrad import helpers
-  if helpers._db_connection is not None: _stale.append(helpers._db_connection)
-  helpers._db_connection = None
+  if (conn := _connection()) is not None: _stale.append(conn)
+  helpers._db_connections = threading.local()
 os.register_at_fork(after_in_child=_after_fork_in_child)  # SQLite connections must not cross fork()
 
 def use(path: str | os.PathLike):
@@ -89,11 +95,11 @@ def use(path: str | os.PathLike):
   from tinygrad import helpers
   path = str(pathlib.Path(path).absolute())
   os.environ["CACHEDB"] = path
-  if helpers.CACHEDB == path and helpers._db_connection is not None: return
+  if helpers.CACHEDB == path and _connection() is not None: return
   helpers.CACHEDB = path
-  if helpers._db_connection is not None:
-    helpers._db_connection.close()
-    helpers._db_connection = None
+  if (conn := _connection()) is not None: conn.close()
+  import threading
+  helpers._db_connections = threading.local()  # every thread reopens, on the new file
   helpers._db_tables.clear()
   from tinygrad.engine.worker import terminate_worker_pool
   terminate_worker_pool()  # spawned workers hold the old file

@@ -34,7 +34,7 @@ def test_select_uses_the_file(tiny, tmp_path):
   p = kernel_cache.select(tmp_path / "kc", "CPU", cfg, f.tensors, beam=0)
   assert p.parent == tmp_path / "kc" and p.name.startswith("kernels-cpu-") and helpers.CACHEDB == str(p) == os.environ["CACHEDB"]
   assert (Tensor.arange(7) * 3 + 1).tolist() == [1, 4, 7, 10, 13, 16, 19]
-  assert p.exists() and kernel_cache.COUNTER.path == str(p), helpers._db_connection
+  assert p.exists() and kernel_cache.COUNTER.path == str(p), helpers.CACHEDB
 
 def test_shipped_read_only_is_copied_and_written(tiny, tmp_path):
   """A read-only shipped database (the Nix store) is copied into the writable directory; tinygrad

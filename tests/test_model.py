@@ -72,6 +72,12 @@ def test_prefill_then_decode_equals_token_by_token(model, rng):
   # the compiled steps: chunked prefill, against a cache filled one token at a time
   eng.cached = []
   chunked = list(eng.generate(prompt, 6))
+  compiled_kv = [b.cache.numpy()[:, :, :len(prompt)].astype(np.float32) for b in eng.model.blocks]
+  eng.cached = []
+  eng.forward(prompt, 0)
+  for got, b in zip(compiled_kv, eng.model.blocks):  # every position of every chunk, the first ones included
+    want = b.cache.numpy()[:, :, :len(prompt)].astype(np.float32)
+    assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
   eng.cached = []
   for i, t in enumerate(prompt[:-1]): eng.forward([t], i)
   one_by_one = list(eng.generate(prompt, 6))  # reuses the 20 cached positions, runs only the last token
