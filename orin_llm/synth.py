@@ -89,7 +89,13 @@ def write_model(path: str | pathlib.Path, shape: Shape, qtype: QT, vocab_from: s
   src = GGUFFile(vocab_from)
   md = {k: src.metadata[k] for k in _TOKENIZER_KEYS if k in src.metadata}
   if "tokenizer.ggml.tokens" not in md: raise OrinError(f"{vocab_from}: has no tokenizer.ggml.tokens to take a vocabulary from")
-  if vocab_size: md["tokenizer.ggml.tokens"], md["tokenizer.ggml.token_type"] = md["tokenizer.ggml.tokens"][:vocab_size], md["tokenizer.ggml.token_type"][:vocab_size]
+  if vocab_size:  # the first ids, and only the merges that stay inside them, so that the tokenizer still builds
+    md["tokenizer.ggml.tokens"], md["tokenizer.ggml.token_type"] = md["tokenizer.ggml.tokens"][:vocab_size], md["tokenizer.ggml.token_type"][:vocab_size]
+    keep = set(md["tokenizer.ggml.tokens"])
+    md["tokenizer.ggml.merges"] = [m for m in md.get("tokenizer.ggml.merges", []) if (ab := m.split(" ", 1)) and len(ab) == 2
+                                   and ab[0] in keep and ab[1] in keep and ab[0] + ab[1] in keep]
+    for k in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.padding_token_id"):
+      if md.get(k, 0) >= vocab_size: md[k] = vocab_size - 1  # special ids past the cut: the last id stands in
   vocab = len(md["tokenizer.ggml.tokens"])
   rng = np.random.default_rng(seed)
   path = pathlib.Path(path)
