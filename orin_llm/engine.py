@@ -13,6 +13,7 @@ import os, time
 from typing import Iterator
 import numpy as np
 from tinygrad import Tensor, TinyJit, UOp, dtypes, Device
+from tinygrad.helpers import GlobalCounters
 from orin_llm.errors import OrinError
 from orin_llm.loader import open_model, load_weights
 from orin_llm.model import Transformer
@@ -54,7 +55,8 @@ class Engine:
     self.load_seconds = time.monotonic() - t0
     log.info(f"loaded {os.path.basename(str(path))}: {self.cfg.arch}, {self.cfg.n_layers} layers, dim {self.cfg.dim}, "
              f"context {self.max_context}, {self.weight_bytes() / 2**20:.0f} MiB of weights + {self.kv_bytes() / 2**20:.0f} MiB KV cache "
-             f"(file {self.file.path.stat().st_size / 2**20:.0f} MiB) in {self.load_seconds:.1f} s")
+             f"(file {self.file.path.stat().st_size / 2**20:.0f} MiB; device memory in use {GlobalCounters.mem_used / 2**20:.0f} MiB) "
+             f"in {self.load_seconds:.1f} s")
 
   # ------------------------------------------------------------------ memory
   def weight_bytes(self) -> int:
@@ -75,6 +77,7 @@ class Engine:
       if kind == "prefill": fn = lambda sp, n: self._step(sp, n, use_greedy, prefill=True).realize()
       else: fn = lambda sp: self._step(sp, 1, use_greedy).realize()
       self._jits[(kind, use_greedy)] = TinyJit(fn)
+      log.info(f"compiling the {'greedy' if use_greedy else 'sampled'} {kind} step (first use; cached kernels make this quick)")
     return self._jits[(kind, use_greedy)]
 
   def _set_sampling(self, s: Sampling):

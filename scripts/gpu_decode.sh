@@ -3,7 +3,7 @@
 # side by side with llama.cpp and a per-kernel profile. Output under $OUT.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD DEV=CUDA PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD DEV=CUDA PYTHONUNBUFFERED=1 BEAM_MP_CTX=fork  # fork: BEAM workers skip re-importing tinygrad (patch 0001)
 M=/tmp/llama1b-q6k.gguf
 [ -f $M ] || { time python3 -m orin_llm synth --preset llama-3.2-1b --type Q6_K --vocab .dev/ggml-vocab-llama-bpe.gguf -o $M; }
 # tinygrad's kernel cache (BEAM results included): brought along from the last run, sent back after this one
