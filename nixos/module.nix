@@ -242,14 +242,16 @@ in
 
     hugepages = {
       enable = mkEnableOption ''
-        reserving huge pages (`vm.nr_hugepages`). The Orin has no separate GPU memory: CPU and GPU share
-        the 64 GB of LPDDR5, and pages reserved here are taken from that one pool whether or not
-        anything uses them, so reserve only what the server maps as huge pages'';
+        reserving huge pages (`vm.nr_hugepages`) for the server's load staging buffers (the repacked
+        planes of one matrix at a time; a buffer that does not fit falls back to ordinary pages). The
+        Orin has no separate GPU memory: CPU and GPU share the 64 GB of LPDDR5, and pages reserved here
+        are taken from that one pool whether or not anything uses them. No load-time gain was measured
+        on x86 (README.md, Huge pages); the Orin is unmeasured'';
       count = mkOption {
         type = types.ints.unsigned;
         default = 0;
         example = 2048;
-        description = "Number of 2 MiB huge pages to reserve (2048 = 4 GiB).";
+        description = "Number of 2 MiB huge pages to reserve (2048 = 4 GiB); the largest matrix's planes are enough (1B Q6_K: about 105).";
       };
     };
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QT, GGML_QUANT_SIZES
 from tinygrad import Tensor, dtypes
+from orin_llm import hostmem
 
 SUPPORTED = (QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
@@ -51,21 +52,39 @@ def _nib_pairs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   a, b = x[:, 0::2], x[:, 1::2]
   return (a & 0xF) | (b << 4), (a >> 4) | (b & 0xF0)
 
+# per block: (plane, words or halves, dtype), in the order the planes were first allocated (cache files keep it)
+_U32, _F16 = np.uint32, np.float16
+_FAST_PLANES = {
+  QT.Q8_0: (("d", 1, _F16), ("q8", 8, _U32)),
+  QT.Q6_K: (("sc", 4, _U32), ("d", 1, _F16), ("q4", 32, _U32), ("qh2", 16, _U32)),
+  QT.Q4_K: (("d", 1, _F16), ("dmin", 1, _F16), ("sc", 2, _U32), ("mn", 2, _U32), ("q4", 32, _U32)),
+  QT.Q5_K: (("d", 1, _F16), ("dmin", 1, _F16), ("sc", 2, _U32), ("mn", 2, _U32), ("q4", 32, _U32), ("qh1", 8, _U32)),
+}
+
+def _staging(n: int, spec) -> dict[str, np.ndarray]:
+  """The planes of n blocks as views of one host buffer from hostmem (huge pages where there are some):
+  one mapping per tensor, so each falls back on its own, and it is freed with its last plane."""
+  offs, total = [], 0
+  for _, width, dt in spec:
+    offs.append(total)
+    total += -(-n * width * np.dtype(dt).itemsize // 64) * 64  # 64-byte aligned planes
+  buf = hostmem.empty(total)
+  return {name: buf[o:o + n * width * np.dtype(dt).itemsize].view(dt).reshape(n, width) for (name, width, dt), o in zip(spec, offs)}
+
 def _repack_fast(b: np.ndarray, qtype: QT, planes: dict):
   """Q4_K, Q5_K, Q6_K, Q8_0 built byte-wise from the blocks, CHUNK blocks at a time, into
-  preallocated planes: no uint32 per element, no full-size temporaries. Same output as the
+  preallocated planes (hostmem staging): no uint32 per element, no full-size temporaries. Same output as the
   element-wise path (tests/test_cache.py compares them)."""
   n = b.shape[0]
-  out = {}
-  def plane(name, width, dtype=np.uint32): out[name] = np.empty((n, width), dtype); return out[name]
+  out = _staging(n, _FAST_PLANES[qtype])
   if qtype == QT.Q8_0:
-    d, q8 = plane("d", 1, np.float16), plane("q8", 8)
+    d, q8 = out["d"], out["q8"]
     for i in range(0, n, CHUNK):
       c = b[i:i + CHUNK]
       d[i:i + CHUNK] = c[:, 0:2].view(np.float16)
       q8[i:i + CHUNK] = (c[:, 2:34] ^ np.uint8(0x80)).view(np.uint32)
   elif qtype == QT.Q6_K:
-    sc, d, q4, qh2 = plane("sc", 4), plane("d", 1, np.float16), plane("q4", 32), plane("qh2", 16)
+    sc, d, q4, qh2 = out["sc"], out["d"], out["q4"], out["qh2"]
     for i in range(0, n, CHUNK):
       c = b[i:i + CHUNK]; m = c.shape[0]
       ql = c[:, 0:128].reshape(m * 2, 64)  # per 128-element half: ql[0:32] low, ql[32:64] low, ql[0:32] high, ql[32:64] high
@@ -77,8 +96,8 @@ def _repack_fast(b: np.ndarray, qtype: QT, planes: dict):
       sc[i:i + m] = (c[:, 192:208] ^ np.uint8(0x80)).view(np.uint32)
       d[i:i + m] = c[:, 208:210].view(np.float16)
   else:  # Q4_K, Q5_K
-    d, dmin, sc, mn, q4 = plane("d", 1, np.float16), plane("dmin", 1, np.float16), plane("sc", 2), plane("mn", 2), plane("q4", 32)
-    if qtype == QT.Q5_K: qh1 = plane("qh1", 8)
+    d, dmin, sc, mn, q4 = out["d"], out["dmin"], out["sc"], out["mn"], out["q4"]
+    if qtype == QT.Q5_K: qh1 = out["qh1"]
     at = 48 if qtype == QT.Q5_K else 16
     for i in range(0, n, CHUNK):
       c = b[i:i + CHUNK]; m = c.shape[0]
@@ -104,7 +123,7 @@ def repack(raw: np.ndarray, qtype: QT, rows: int, cols: int) -> dict[str, np.nda
   planes: dict[str, np.ndarray] = {}
   if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0):
     _repack_fast(b, qtype, planes)
-    return {k: v.reshape(rows, -1) for k, v in planes.items()}  # fresh arrays: C-contiguous and writable
+    return {k: v.reshape(rows, -1) for k, v in planes.items()}  # views of the staging buffer: C-contiguous and writable
   if qtype in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1):
     at = 4 if qtype in (QT.Q4_1, QT.Q5_1) else 2
     planes["d"] = _f16(b, 0)

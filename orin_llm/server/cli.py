@@ -31,6 +31,7 @@ def tinygrad_settings(cfg):
     d = pathlib.Path(cfg.kernel_cache_directory)
     try: d.mkdir(parents=True, exist_ok=True)
     except OSError as e: raise OrinError(f"kernel_cache.directory: cannot create {d}: {e.strerror or e}") from None
+  if cfg.hugepages is not None: env["ORIN_LLM_HUGEPAGES"] = cfg.hugepages  # hostmem reads it at each allocation
   os.environ.update(env)
   if env:
     from tinygrad import helpers

@@ -19,6 +19,7 @@ class ServerConfig:
   beam_workers: int | None = None      # [beam] workers: processes of the search (None: tinygrad's default)
   kernel_cache_directory: str | None = None  # [kernel_cache] directory: kernel databases and repacked planes (None: kernel_cache.cache_dir())
   kernel_cache_shipped: str | None = None    # [kernel_cache] shipped: read-only prebuilt database (file or directory), copied in when missing
+  hugepages: str | None = None         # "auto" | "off": host staging buffers in huge pages (hostmem.py); None: $ORIN_LLM_HUGEPAGES, else auto
 
 # key in the file -> (field, accepted types, check of the value or None, what the check wants)
 def _positive(v): return v > 0
@@ -29,6 +30,7 @@ _KEYS = {
   "api_key": ("api_key", str, bool, "a non-empty string"), "api_key_file": ("api_key_file", str, bool, "a non-empty string"),
   "queue_size": ("queue_size", int, _positive, "a positive integer"),
   "max_tokens_default": ("max_tokens_default", int, _positive, "a positive integer"),
+  "hugepages": ("hugepages", str, lambda v: v in ("auto", "off"), '"auto" or "off"'),
 }
 _TABLES = {
   "beam": {"width": ("beam_width", int, lambda v: v >= 0, "an integer >= 0"), "workers": ("beam_workers", int, _positive, "a positive integer")},
