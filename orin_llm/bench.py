@@ -14,7 +14,7 @@ def add_parser(sub):
   p.add_argument("--beam", type=int, default=None, help="BEAM search width for kernel optimization (default: tinygrad's BEAM env)")
   p.add_argument("--tokens", "-n", type=int, default=128, help="decoded tokens to time (default 128)")
   p.add_argument("--prompt", type=int, default=512, help="prefill length (default 512)")
-  p.add_argument("--lookahead", type=int, default=8, help="decode steps queued before the host reads tokens (default 8)")
+  p.add_argument("--lookahead", type=int, default=None, help="decode steps queued before the host reads tokens (default: the engine's, as served)")
   p.add_argument("--context", type=int, default=None, help="context to allocate (default: prompt + tokens + 64)")
   p.set_defaults(fn=cmd_bench)
 
@@ -91,7 +91,8 @@ def cmd_bench(args):
   from tinygrad import Device
   model = model_path(args)
   eng = Engine(model, max_context=args.context or args.prompt + args.tokens + 64)
-  ours = bench_ours(eng, args.tokens, args.prompt, args.lookahead)
+  from orin_llm.engine import DEFAULT_LOOKAHEAD
+  ours = bench_ours(eng, args.tokens, args.prompt, args.lookahead or DEFAULT_LOOKAHEAD)
   res = {"model": str(model), "device": Device.DEFAULT, "beam": int(os.environ.get("BEAM", "0") or 0), "ours": ours,
          "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
   binary = args.llama_bench or shutil.which("llama-bench")

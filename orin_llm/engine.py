@@ -22,6 +22,9 @@ from orin_llm import log
 
 DEFAULT_CONTEXT = 4096
 DEFAULT_CHUNK = 32
+# decode steps queued before the host reads their tokens: the host needs ~0.3 ms to queue a step (H200, docs/PERF.md),
+# which overlaps the device's work only while steps are queued; 8 tokens arrive together (~13 ms at 600 tok/s)
+DEFAULT_LOOKAHEAD = 8
 
 class Engine:
   def __init__(self, path, max_context: int | None = None, device: str | None = None, chunk: int = DEFAULT_CHUNK,
@@ -115,7 +118,7 @@ class Engine:
       raise OrinError(f"the prompt has {len(prompt)} tokens, but the context holds {self.max_context} (prompt plus at least one new token)")
 
   def generate(self, prompt: list[int], max_new: int, sampling: Sampling = Sampling(), stop_ids=frozenset(),
-               lookahead: int = 1) -> Iterator[int]:
+               lookahead: int = DEFAULT_LOOKAHEAD) -> Iterator[int]:
     """Yields up to max_new tokens after the prompt, ending after a token in stop_ids (yielded) or at
     the end of the context. Keys and values of a prompt prefix seen before are reused."""
     self.check_prompt(prompt)
