@@ -65,6 +65,8 @@ class Block:
     q, k = apply_rope(q, cos, sin, c.rope_neox), apply_rope(k, cos, sin, c.rope_neox)
     # write this chunk's keys and values into the cache, then attend over everything up to it
     new = Tensor.stack(k, v).permute(0, 2, 1, 3).cast(dtypes.float16)  # (2, kv_heads, T, head_dim)
+    # a store into the cache buffer that the reads below are ordered after (as tinygrad's own llm does it): a graph
+    # edge, not a kernel; Tensor.assign on the slice would leave the store pending outside this step's graph
     cache = Tensor(self.cache.uop.after(self.cache[:, :, start_pos:start_pos + T, :].uop.store(new.uop)))
     keys, vals = cache[0, :, 0:start_pos + T, :].float(), cache[1, :, 0:start_pos + T, :].float()  # (kv_heads, L, head_dim)
     g = c.n_heads // c.n_kv_heads
