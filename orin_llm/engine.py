@@ -63,7 +63,7 @@ class Engine:
 
   # ------------------------------------------------------------------ memory
   def weight_bytes(self) -> int:
-    return sum(w.nbytes() if hasattr(w, "planes") else w.nbytes() for w in self.weights.values())
+    return sum(w.nbytes() for w in self.weights.values())  # QuantWeight planes and float32 vectors alike
   def kv_bytes(self) -> int: return sum(b.cache.nbytes() for b in self.model.blocks)
 
   # ------------------------------------------------------------------ compiled steps

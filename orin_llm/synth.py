@@ -27,9 +27,11 @@ def random_blocks(rng: np.random.Generator, qtype: QT, n_elements: int, std: flo
   if qtype == QT.BF16: return (rng.normal(0, std, n_elements).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
   block, bsize = GGML_QUANT_SIZES[qtype]
   b = rng.integers(0, 256, (n_elements // block, bsize), dtype=np.uint8)
+  d = std / _SPREAD[qtype]
   for at, role in _F16_FIELDS[qtype]:
-    d = std / _SPREAD[qtype]
-    v = rng.uniform(0.5 * d, 1.5 * d, len(b)) if role == "d" else rng.uniform(-2 * std, 0, len(b)) * (1 if qtype in (QT.Q4_1, QT.Q5_1) else -0.1)
+    if role == "d": v = rng.uniform(0.5 * d, 1.5 * d, len(b))
+    elif qtype in (QT.Q4_1, QT.Q5_1): v = rng.uniform(-2 * std, 0, len(b))  # w = d*q + m: a negative min centres w
+    else: v = rng.uniform(0, 0.2 * std, len(b))  # K-quants: w = d*sc*q - dmin*mn, dmin >= 0 and small
     b[:, at:at + 2] = v.astype(np.float16).view(np.uint8).reshape(-1, 2)
   return b.reshape(-1)
 
