@@ -70,3 +70,10 @@ def test_prompt_longer_than_context(good):
 
 def test_missing_file(tmp_path):
   expect_error(["generate", "--model", tmp_path / "nope.gguf", "-p", "hi"], "not found")
+
+def test_chat_two_turns_from_stdin(good):
+  """`orin-llm chat` reads turns from a pipe, answers each, and reuses the cache of the earlier turn."""
+  r = subprocess.run([sys.executable, "-m", "orin_llm", "chat", "--model", good, "-n", "4", "--temperature", "0"],
+                     input="hello there\nand again\n", capture_output=True, text=True, timeout=300, env={**os.environ, "DEV": "CPU"})
+  assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert r.stdout.endswith("\n") and r.stdout.count("\n") >= 2, r.stdout  # each reply ends its line (a random model's text may hold more)
