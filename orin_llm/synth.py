@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as QT, GGML_QUANT_SIZES
+from orin_llm.config import ModelConfig
 from orin_llm.errors import OrinError
 from orin_llm.gguf_file import GGUFFile
 
@@ -70,18 +71,11 @@ def llama3_rope_factors(head_dim: int, theta: float, factor=32.0, low=1.0, high=
   return f.astype(np.float32)
 
 def tensor_shapes(s: Shape, vocab: int) -> dict[str, tuple[int, ...]]:
-  """Tensor name -> numpy shape (rows, cols) of every tensor of the architecture."""
-  t = {"token_embd.weight": (vocab, s.dim), "output_norm.weight": (s.dim,)}
-  if not s.tied_output: t["output.weight"] = (vocab, s.dim)
-  if s.rope_scaling: t["rope_freqs.weight"] = (s.head_dim // 2,)
-  for i in range(s.n_layers):
-    p = f"blk.{i}."
-    t |= {p + "attn_norm.weight": (s.dim,), p + "attn_q.weight": (s.n_heads * s.head_dim, s.dim),
-          p + "attn_k.weight": (s.n_kv_heads * s.head_dim, s.dim), p + "attn_v.weight": (s.n_kv_heads * s.head_dim, s.dim),
-          p + "attn_output.weight": (s.dim, s.n_heads * s.head_dim), p + "ffn_norm.weight": (s.dim,),
-          p + "ffn_gate.weight": (s.ffn_dim, s.dim), p + "ffn_up.weight": (s.ffn_dim, s.dim), p + "ffn_down.weight": (s.dim, s.ffn_dim)}
-    if s.arch == "qwen3": t |= {p + "attn_q_norm.weight": (s.head_dim,), p + "attn_k_norm.weight": (s.head_dim,)}
-  return t
+  """Tensor name -> numpy shape of every tensor of the architecture: the loader's own list (ModelConfig)."""
+  return ModelConfig(arch=s.arch, n_layers=s.n_layers, dim=s.dim, ffn_dim=s.ffn_dim, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
+                     head_dim=s.head_dim, vocab_size=vocab, norm_eps=s.norm_eps, rope_theta=s.rope_theta, rope_neox=s.arch == "qwen3",
+                     context_length=s.context_length, qk_norm=s.arch == "qwen3", tied_output=s.tied_output,
+                     rope_freq_factors=s.rope_scaling).tensor_shapes()
 
 def write_model(path: str | pathlib.Path, shape: Shape, qtype: QT, vocab_from: str | pathlib.Path, seed: int = 0,
                 types: dict[str, QT] | None = None, vocab_size: int | None = None) -> pathlib.Path:
