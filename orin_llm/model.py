@@ -18,6 +18,14 @@ from tinygrad.uop.ops import resolve
 from orin_llm.config import ModelConfig
 from orin_llm.quant import QuantWeight
 
+# Keys are attended in blocks of KV_BLOCK positions: the attention's reductions then run over (blocks, KV_BLOCK)
+# with KV_BLOCK a constant that the kernel optimizer can spread over threads. Over the symbolic length
+# start_pos+T alone, each thread walked every position in turn (H200, position ~100: the product with V took
+# ~16 us a layer, docs/PERF.md). The last block's positions past the query are masked.
+KV_BLOCK = 32
+
+def kv_capacity(max_context: int) -> int: return -(-max_context // KV_BLOCK) * KV_BLOCK
+
 def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
   return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * w
 
@@ -54,9 +62,10 @@ class Block:
     self.wo, self.down = w[p + "attn_output.weight"], w[p + "ffn_down.weight"]
     self.gate_up = Fused([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]])
     if cfg.qk_norm: self.q_norm, self.k_norm = w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"]
-    self.cache = Tensor.empty(2, cfg.n_kv_heads, max_context, cfg.head_dim, dtype=dtypes.float16, device=device).contiguous().realize()
+    # zeros, not empty: masked positions of the last block are read (and multiplied by 0), so they must be finite
+    self.cache = Tensor.zeros(2, cfg.n_kv_heads, kv_capacity(max_context), cfg.head_dim, dtype=dtypes.float16, device=device).contiguous().realize()
 
-  def attention(self, x: Tensor, start_pos: int | UOp, rope: Tensor) -> Tensor:
+  def attention(self, x: Tensor, start_pos: int | UOp, rope: Tensor, pos: Tensor) -> Tensor:
     c, T = self.cfg, x.shape[0]
     q, k, v = self.qkv(rms_norm(x, self.attn_norm, c.norm_eps))
     q, k, v = q.reshape(T, c.n_heads, c.head_dim), k.reshape(T, c.n_kv_heads, c.head_dim), v.reshape(T, c.n_kv_heads, c.head_dim)
@@ -68,20 +77,26 @@ class Block:
     # a store into the cache buffer that the reads below are ordered after (as tinygrad's own llm does it): a graph
     # edge, not a kernel; Tensor.assign on the slice would leave the store pending outside this step's graph
     cache = Tensor(self.cache.uop.after(self.cache[:, :, start_pos:start_pos + T, :].uop.store(new.uop)))
-    keys, vals = cache[0, :, 0:start_pos + T, :].float(), cache[1, :, 0:start_pos + T, :].float()  # (kv_heads, L, head_dim)
+    nb = (start_pos + T + KV_BLOCK - 1) // KV_BLOCK  # blocks holding keys 0 .. start_pos+T-1
+    # (kv_heads, KV_BLOCK, nb, head_dim): the block axis inside, so that it does not merge with the constant one
+    blocked = lambda kv: kv[:, 0:nb * KV_BLOCK, :].reshape(c.n_kv_heads, nb, KV_BLOCK, c.head_dim).permute(0, 2, 1, 3).float()
+    keys, vals = blocked(cache[0]), blocked(cache[1])
     g = c.n_heads // c.n_kv_heads
     q = q.reshape(T, c.n_kv_heads, g, c.head_dim).permute(1, 2, 0, 3)  # (kv_heads, g, T, head_dim)
-    scores = (q @ keys.unsqueeze(1).transpose(-1, -2)) * (1.0 / math.sqrt(c.head_dim))  # (kv_heads, g, T, L)
-    if resolve(T != 1):  # causal: position start_pos+t sees keys 0 .. start_pos+t
-      scores = scores + Tensor.full((T, start_pos + T), float("-inf")).triu(start_pos + 1)
+    # (kv_heads, g, T, KV_BLOCK, nb)
+    scores = (q.reshape(c.n_kv_heads, g, T, 1, 1, c.head_dim) * keys.reshape(c.n_kv_heads, 1, 1, KV_BLOCK, nb, c.head_dim)).sum(-1)
+    # positions from a table rather than Tensor.arange, whose symbolic length would cost a kernel of its own
+    kpos = pos[0:nb * KV_BLOCK].reshape(nb, KV_BLOCK).permute(1, 0)
+    qpos = pos[start_pos:start_pos + T].reshape(T, 1, 1)
+    scores = (kpos <= qpos).where(scores * (1.0 / math.sqrt(c.head_dim)), float("-inf"))  # causal, and the last block's tail
     # softmax with the division after the product with V: exp(s - max) feeds the product directly,
-    # so the probabilities are never written out (one kernel fewer per layer)
-    e = (scores - scores.max(-1, keepdim=True)).exp()
-    out = (e @ vals.unsqueeze(1)) / e.sum(-1, keepdim=True)  # (kv_heads, g, T, head_dim)
+    # so the probabilities are never written out
+    e = (scores - scores.max((-2, -1), keepdim=True)).exp()
+    out = (e.unsqueeze(-1) * vals.reshape(c.n_kv_heads, 1, 1, KV_BLOCK, nb, c.head_dim)).sum((-3, -2)) / e.sum((-2, -1)).unsqueeze(-1)
     return self.wo(out.permute(2, 0, 1, 3).reshape(T, c.n_heads * c.head_dim))
 
-  def __call__(self, x: Tensor, start_pos: int | UOp, rope: Tensor) -> Tensor:
-    h = x + self.attention(x, start_pos, rope)
+  def __call__(self, x: Tensor, start_pos: int | UOp, rope: Tensor, pos: Tensor) -> Tensor:
+    h = x + self.attention(x, start_pos, rope, pos)
     gate, up = self.gate_up(rms_norm(h, self.ffn_norm, self.cfg.norm_eps))
     return h + self.down(gate.silu() * up)
 
@@ -92,10 +107,11 @@ class Transformer:
     self.output = w["token_embd.weight"] if cfg.tied_output else w["output.weight"]
     ff = w["rope_freqs.weight"].numpy() if cfg.rope_freq_factors else None
     self.rope = Tensor(rope_table(cfg, max_context, ff), device=device).realize()
+    self.pos = Tensor(np.arange(kv_capacity(max_context), dtype=np.int32), device=device).realize()  # position of each cache row
     self.blocks = [Block(cfg, w, i, max_context, device) for i in range(cfg.n_layers)]
 
   def __call__(self, tokens: Tensor, start_pos: int | UOp) -> Tensor:
     """tokens (T,) int32 at positions start_pos.. -> float32 logits (vocab,) of the last one."""
     x = self.embd.rows_of(tokens)
-    for b in self.blocks: x = b(x, start_pos, self.rope)
+    for b in self.blocks: x = b(x, start_pos, self.rope, self.pos)
     return self.output(rms_norm(x[-1:], self.output_norm, self.cfg.norm_eps))[0]
