@@ -8,7 +8,8 @@ that one compiled graph serves every position.
 Layout choices that keep the decode step to few kernels:
 - Q/K/V are one matrix, gate/up are one matrix (rows concatenated at load, when their types match);
 - each RMSNorm is a scalar factor computed once and applied to the input of the next matvec;
-- SiLU(gate) * up is computed while the down projection reads it.
+- SiLU(gate) * up is computed once into a buffer that the down projection reads;
+- attention reads keys in blocks of a constant size, and its denominator comes out of the product with V.
 """
 from __future__ import annotations
 import math
@@ -91,14 +92,19 @@ class Block:
     scores = (kpos <= qpos).where(scores * (1.0 / math.sqrt(c.head_dim)), float("-inf"))  # causal, and the last block's tail
     # softmax with the division after the product with V: exp(s - max) feeds the product directly,
     # so the probabilities are never written out
+    # softmax's denominator comes out of the same product as a column of ones appended to V (one kernel fewer)
     e = (scores - scores.max((-2, -1), keepdim=True)).exp()
-    out = (e.unsqueeze(-1) * vals.reshape(c.n_kv_heads, 1, 1, KV_BLOCK, nb, c.head_dim)).sum((-3, -2)) / e.sum((-2, -1)).unsqueeze(-1)
+    vals1 = vals.pad(((0, 0), (0, 0), (0, 0), (0, 1)), value=1.0).reshape(c.n_kv_heads, 1, 1, KV_BLOCK, nb, c.head_dim + 1)
+    acc = (e.unsqueeze(-1) * vals1).sum((-3, -2))  # (kv_heads, g, T, head_dim + 1)
+    out = acc[..., :c.head_dim] / acc[..., c.head_dim:]
     return self.wo(out.permute(2, 0, 1, 3).reshape(T, c.n_heads * c.head_dim))
 
   def __call__(self, x: Tensor, start_pos: int | UOp, rope: Tensor, pos: Tensor) -> Tensor:
     h = x + self.attention(x, start_pos, rope, pos)
     gate, up = self.gate_up(rms_norm(h, self.ffn_norm, self.cfg.norm_eps))
-    return h + self.down(gate.silu() * up)
+    # SiLU(gate) * up computed once into a buffer: inside the down projection every thread's rows recomputed it
+    # (an exp and a reciprocal per element and row group, which made that matvec compute-bound on the H200)
+    return h + self.down((gate.silu() * up).contiguous())
 
 class Transformer:
   def __init__(self, cfg: ModelConfig, w: dict, max_context: int, device: str):
