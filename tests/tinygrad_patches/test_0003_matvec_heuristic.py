@@ -57,5 +57,34 @@ def test_fewer_threads_when_the_reduce_does_not_divide():
   y = (empty(576).reshape(1, 576) * q4_weight(N, 576)).sum(-1)
   assert applied_opts(y, cuda()) == matvec_opts(8)
 
+def test_threads_from_the_next_reduce_range_when_the_first_is_taken_whole():
+  # Q4 with K=64: the reduce splits into 8 packed words x 8 nibbles; 8 threads take the words whole, the other
+  # 4 of the warp's 32 come from the nibbles (the version that grouped only the first range gave GROUP 8 alone)
+  y = (empty(64).reshape(1, 64) * q4_weight(N, 64)).sum(-1)
+  assert applied_opts(y, cuda()) == (Opt(OptOps.GROUP, 0, 8), Opt(OptOps.GROUP, 0, 4), Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.UPCAST, 0, 4))
+
+def test_grouping_two_ranges_computes_the_matvec():
+  # the same kernel run on tinygrad's CUDA-flavoured emulator (locals and shared memory, no GPU) against numpy
+  import subprocess, sys, textwrap
+  code = textwrap.dedent('''
+    import numpy as np
+    from tinygrad import Tensor, dtypes
+    rng = np.random.default_rng()
+    R, K = 64, 64
+    q = rng.integers(0, 2**32, size=(R, K // 8), dtype=np.uint32); s = rng.normal(size=(R, K // 32)).astype(np.float32)
+    x = rng.normal(size=(1, K)).astype(np.float32)
+    u = ((Tensor(q).unsqueeze(-1) >> (Tensor.arange(8, dtype=dtypes.uint32) * 4)) & 15).reshape(R, K).cast(dtypes.float32)
+    y = (Tensor(x).unsqueeze(-2) * (u * Tensor(s).unsqueeze(-1).expand(R, K // 32, 32).reshape(R, K))).sum(-1).numpy()
+    un = ((q[..., None] >> (np.arange(8, dtype=np.uint32) * 4)) & 15).reshape(R, K).astype(np.float64)
+    ref = x.astype(np.float64) @ (un * np.repeat(s, 32, axis=1)).T
+    print(np.abs(y - ref).max() / np.abs(ref).max())
+  ''')
+  import os
+  env = {**os.environ, "DEV": "PYTHON::sm_87", "DEBUG": "3"}
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "tprs=[8, 4]" in out.stdout + out.stderr  # the kernel was optimized with the two GROUPs
+  assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
+
 def test_matmul_is_not_a_matvec():
   assert not any(o.op is OptOps.GROUP for o in applied_opts(empty(4, K) @ empty(N, K).T, cuda()))

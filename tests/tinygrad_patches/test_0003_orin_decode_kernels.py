@@ -5,16 +5,16 @@ test_0003_matvec_heuristic.py). Every kernel that multiplies by a QuantWeight (f
 fused gate/up, down, output head) must get the matvec opts GROUP / LOCAL 4 / UPCAST 4; no other kernel of the
 step (embedding lookup, norms, RoPE and cache write, attention over the cache, softmax, argmax) may get a GROUP.
 
-Threads per row: the patch reduces each row with 32 threads on NVIDIA, or with the largest divisor of 32 that
-divides the *first* reduce range. Which range comes first depends on how tinygrad splits the reduce to index
-the planes:
-- Q4_K: the reduce over K is split into (K/8 words, 8 nibbles): K/8 = 32 or 64 here, so GROUP 32 everywhere.
+Threads per row: the patch reduces each row with 32 threads on NVIDIA, taken from the leading reduce ranges: the
+largest divisor of 32 that divides the first one, and where that takes the whole range, the rest from the next.
+Which ranges come first depends on how tinygrad splits the reduce to index the planes and the input:
+- Q4_K: the reduce over K is split into (K/8 words, 8 nibbles): K/8 = 32 or 64 here, so GROUP 32, except for the
+  attention output, whose input is indexed by (KV head, query head of the group, head_dim) (the softmax
+  denominator is a column next to each head's values, so the heads are not contiguous): (2, 2, 8 words, 8).
 - Q6_K: the sub-block scales (plane `sc`, four 8-bit scales of 16 elements to a word) and the 2-bit plane
   (`qh2`, 16 to a word) make tinygrad split the reduce into (K/64 sc words, 4 scale bytes, 2, 8 nibbles), and
-  the range simplifier cannot merge them back. The first reduce range is then K/64: 4 for K=256 (Q/K/V,
-  attention output, gate/up, output head) and 8 for K=512 (down), so those kernels get GROUP 4 and GROUP 8,
-  not 32. At real sizes K/64 is >= 32 for K a multiple of 2048 (Llama 3.2 1B), but e.g. K=1024 gives 16.
-  The patch groups only the first reduce range; this test asserts what it does today.
+  the range simplifier cannot merge them back: (4, 4, 2, 8) for K=256 and (8, 4, 2, 8) for K=512 (down), so
+  GROUP 4, 4, 2 and GROUP 8, 4. At real sizes K/64 is >= 32 for K a multiple of 2048 (Llama 3.2 1B): GROUP 32.
 Stock tinygrad gives none of them a GROUP (their reduce source is no MUL of two plain loads): the Q4_K ones get
 GROUPTOP 16, the Q6_K ones UNROLL(3, 0) and LOCAL(0, 32) (one thread per row), some with UPCAST(0, 4) first."""
 import pytest
@@ -33,12 +33,13 @@ POS = 10
 
 def cuda(): return CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)  # nvcc: no libnvrtc needed to construct
 
-def matvec_opts(threads: int) -> tuple[Opt, ...]:
-  return (Opt(OptOps.GROUP, 0, threads), Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.UPCAST, 0, 4))
+def matvec_opts(groups: tuple[int, ...]) -> tuple[Opt, ...]:
+  return tuple(Opt(OptOps.GROUP, 0, g) for g in groups) + (Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.UPCAST, 0, 4))
 
-# threads per row of each matvec of tiny-llama (dim 256, ffn 512, vocab 2048), see the docstring
-THREADS = {QT.Q4_K: {"qkv": 32, "attn_output": 32, "gate_up": 32, "ffn_down": 32, "output": 32},
-           QT.Q6_K: {"qkv": 4, "attn_output": 4, "gate_up": 4, "ffn_down": 8, "output": 4}}
+# the GROUPs (threads per row, over the leading reduce ranges) of each matvec of tiny-llama (dim 256, ffn 512,
+# vocab 2048), see the docstring
+THREADS = {QT.Q4_K: {"qkv": (32,), "attn_output": (2, 2, 8), "gate_up": (32,), "ffn_down": (32,), "output": (32,)},
+           QT.Q6_K: {"qkv": (4, 4, 2), "attn_output": (4, 4, 2), "gate_up": (4, 4, 2), "ffn_down": (8, 4), "output": (4, 4, 2)}}
 
 def decode_kernels(eng: Engine) -> list[tuple[set[str], set[str], object]]:
   """(matrices whose planes the kernel reads, other named buffers it reads or writes, its AST) for every kernel of one
