@@ -79,7 +79,12 @@ class Engine:
     if (kind, use_greedy) not in self._jits:
       if kind == "prefill": fn = lambda sp, n: self._step(sp, n, use_greedy, prefill=True).realize()
       else: fn = lambda sp: self._step(sp, 1, use_greedy).realize()
-      self._jits[(kind, use_greedy)] = TinyJit(fn)
+      jit = TinyJit(fn)
+      # capture on the first call: TinyJit runs a function once uncompiled before capturing it, so that lazy inputs
+      # get realized outside the graph; everything the step reads is realized at load, and skipping that run saves
+      # a start-up one of the two schedulings of each step (docs/PERF.md: start-up)
+      jit.cnt = 1
+      self._jits[(kind, use_greedy)] = jit
       log.info(f"compiling the {'greedy' if use_greedy else 'sampled'} {kind} step (first use; cached kernels make this quick)")
     return self._jits[(kind, use_greedy)]
 

@@ -12,14 +12,15 @@ from orin_llm import log
 
 def warm_up(eng, beat=lambda: None, progress: bool = False):
   """Captures the compiled steps the server replays: prefill (more than one chunk, so the JIT sees
-  chunk_len and start_pos move) and decode, greedy and sampled. TinyJit captures on a step's second
-  call and replays from the third, so each variant generates three times. beat() runs between
-  generations (the server's heartbeat). BEAM searches at the variables' midpoints, whatever the prompt."""
+  chunk_len and start_pos move) and decode, greedy and sampled. The engine's JITs capture on their first
+  call, and a generation calls each step more than once, so one generation per variant captures and
+  replays both steps. beat() runs between generations (the server's heartbeat). BEAM searches at the
+  variables' midpoints, whatever the prompt."""
   from orin_llm.sampling import Sampling
   from orin_llm import kernel_cache
   n = max(1, min(eng.chunk + eng.chunk // 2 + 1, eng.max_context - 8))
   prompt = [(7 + 31 * i) % eng.cfg.vocab_size for i in range(n)]
-  steps = [(s, i) for s in (Sampling(), Sampling(1.0, 40, 0.9, 0)) for i in range(3)]
+  steps = [(s, i) for s in (Sampling(), Sampling(1.0, 40, 0.9, 0)) for i in range(2)]  # the second: replays only
   t0 = time.monotonic()
   for k, (s, i) in enumerate(steps):
     beat()

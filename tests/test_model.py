@@ -108,3 +108,29 @@ def test_lookahead_gives_same_tokens(model, rng):
   eng.cached = []
   four = list(eng.generate(prompt, 12, lookahead=4))
   assert one == four  # the same compiled step on the same inputs: no excuse for any difference
+
+def test_context_end_and_stale_cache(model, rng):
+  """A context that is not a multiple of the attention's key block (model.KV_BLOCK), filled to its end, then a
+  shorter sequence over the same cache: the masked tail of the last block holds the earlier sequence's keys and
+  values, and must not leak into the new one's logits."""
+  from orin_llm.model import KV_BLOCK
+  path, _ = model
+  ctx = 2 * KV_BLOCK + 13
+  eng = Engine(path, max_context=ctx, chunk=8)
+  long = rng.integers(0, VOCAB, ctx - 9).tolist()
+  got = list(eng.generate(long, 50))
+  assert len(got) == 9  # stops at the end of the context
+  ref = Reference(path)
+  short = rng.integers(0, VOCAB, 6).tolist()
+  for t in short[:-1]: ref.step(t)
+  logits = ref.step(short[-1])
+  eng.cached = []
+  toks = list(eng.generate(short, 8))
+  for i, tok in enumerate(toks):
+    best = int(np.argmax(logits))
+    assert tok == best or logits[best] - logits[tok] < 1e-3 * np.abs(logits).max(), (i, toks, best)
+    logits = ref.step(tok)
+  ref = Reference(path)
+  for t in short: want = ref.step(t)
+  eng.cached = []
+  assert rel_err(eng.forward(short, 0), want) < 1e-2  # the plain path over the same stale cache
