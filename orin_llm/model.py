@@ -79,7 +79,8 @@ class Block:
     # edge, not a kernel; Tensor.assign on the slice would leave the store pending outside this step's graph
     cache = Tensor(self.cache.uop.after(self.cache[:, :, start_pos:start_pos + T, :].uop.store(new.uop)))
     nb = (start_pos + T + KV_BLOCK - 1) // KV_BLOCK  # blocks holding keys 0 .. start_pos+T-1
-    # (kv_heads, KV_BLOCK, nb, head_dim): the block axis inside, so that it does not merge with the constant one
+    # (kv_heads, KV_BLOCK, nb, head_dim): the symbolic block count inside, so that tinygrad keeps it apart from the
+    # constant KV_BLOCK axis (merged, they make one symbolic range that no thread split applies to)
     blocked = lambda kv: kv[:, 0:nb * KV_BLOCK, :].reshape(c.n_kv_heads, nb, KV_BLOCK, c.head_dim).permute(0, 2, 1, 3).float()
     keys, vals = blocked(cache[0]), blocked(cache[1])
     g = c.n_heads // c.n_kv_heads
@@ -90,9 +91,9 @@ class Block:
     kpos = pos[0:nb * KV_BLOCK].reshape(nb, KV_BLOCK).permute(1, 0)
     qpos = pos[start_pos:start_pos + T].reshape(T, 1, 1)
     scores = (kpos <= qpos).where(scores * (1.0 / math.sqrt(c.head_dim)), float("-inf"))  # causal, and the last block's tail
-    # softmax with the division after the product with V: exp(s - max) feeds the product directly,
-    # so the probabilities are never written out
-    # softmax's denominator comes out of the same product as a column of ones appended to V (one kernel fewer)
+    # softmax with the division after the product with V: exp(s - max) feeds the product directly, so the
+    # probabilities are never written out, and the denominator comes out of the same product as a column of
+    # ones appended to V (no kernel of its own)
     e = (scores - scores.max((-2, -1), keepdim=True)).exp()
     vals1 = vals.pad(((0, 0), (0, 0), (0, 0), (0, 1)), value=1.0).reshape(c.n_kv_heads, 1, 1, KV_BLOCK, nb, c.head_dim + 1)
     acc = (e.unsqueeze(-1) * vals1).sum((-3, -2))  # (kv_heads, g, T, head_dim + 1)
