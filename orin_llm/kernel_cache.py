@@ -145,22 +145,22 @@ class Counter:
   def install(self):
     if self._installed: return
     self._installed = True
-    from tinygrad.device import Compiler
+    from tinygrad import device
     from tinygrad.engine import realize
     from tinygrad.codegen.opt import search
-    from tinygrad import helpers
     pid, c = os.getpid(), self
-    orig_compile, orig_get, orig_lower = Compiler.compile_cached, search.diskcache_get, realize.lower_and_compile
-    def compile_cached(self, src):  # tinygrad's, counting
-      if os.getpid() != pid or self.cachekey is None: return orig_compile(self, src)
-      c._in_parent += 1
-      if (lib := helpers.diskcache_get(self.cachekey, src)) is not None:
-        c.hits += 1
-        return lib
-      c._miss("compiling")
-      return helpers.diskcache_put(self.cachekey, src, self.compile(src))
-    def diskcache_get(table, key):
-      val = orig_get(table, key)
+    orig_device_get, orig_search_get, orig_lower = device.diskcache_get, search.diskcache_get, realize.lower_and_compile
+    # tinygrad's own lookups, counted where its modules call them: Compiler.compile_cached (device.py) looks
+    # up a program, beam_search (search.py) a BEAM result; a None is a miss that tinygrad then compiles or searches
+    def program_get(table, key):
+      val = orig_device_get(table, key)
+      if os.getpid() == pid:
+        c._in_parent += 1
+        if val is None: c._miss("compiling")
+        else: c.hits += 1
+      return val
+    def beam_get(table, key):
+      val = orig_search_get(table, key)
       if table == "beam_search" and os.getpid() == pid:
         if val is None: c._miss("BEAM-searching")
         else: c.hits += 1
@@ -175,7 +175,7 @@ class Counter:
         if missed: c._miss("compiling", missed)
       return out
     self._in_parent = 0
-    Compiler.compile_cached, search.diskcache_get, realize.lower_and_compile = compile_cached, diskcache_get, lower_and_compile
+    device.diskcache_get, search.diskcache_get, realize.lower_and_compile = program_get, beam_get, lower_and_compile
 
   def _rows(self) -> int:
     """Inserts into the compile tables so far: the sum of their max(rowid), an index lookup each."""

@@ -10,6 +10,11 @@ from __future__ import annotations
 import os, time
 from orin_llm import log
 
+def warm_up_prompt(eng) -> list[int]:
+  """A prompt of two prefill chunks (the second partial), within the context."""
+  n = max(1, min(eng.chunk + eng.chunk // 2 + 1, eng.max_context - 8))
+  return [(7 + 31 * i) % eng.cfg.vocab_size for i in range(n)]
+
 def warm_up(eng, beat=lambda: None, progress: bool = False):
   """Captures the compiled steps the server replays: prefill (more than one chunk, so the JIT sees
   chunk_len and start_pos move) and decode, greedy and sampled. The engine's JITs capture on their first
@@ -18,8 +23,7 @@ def warm_up(eng, beat=lambda: None, progress: bool = False):
   variables' midpoints, whatever the prompt."""
   from orin_llm.sampling import Sampling
   from orin_llm import kernel_cache
-  n = max(1, min(eng.chunk + eng.chunk // 2 + 1, eng.max_context - 8))
-  prompt = [(7 + 31 * i) % eng.cfg.vocab_size for i in range(n)]
+  prompt = warm_up_prompt(eng)
   steps = [(s, i) for s in (Sampling(), Sampling(1.0, 40, 0.9, 0)) for i in range(2)]  # the second: replays only
   t0 = time.monotonic()
   for k, (s, i) in enumerate(steps):

@@ -74,7 +74,7 @@ def _staging(n: int, spec) -> dict[str, np.ndarray]:
 def _repack_fast(b: np.ndarray, qtype: QT, planes: dict):
   """Q4_K, Q5_K, Q6_K, Q8_0 built byte-wise from the blocks, CHUNK blocks at a time, into
   preallocated planes (hostmem staging): no uint32 per element, no full-size temporaries. Same output as the
-  element-wise path (tests/test_cache.py compares them)."""
+  element-wise definition in tests/test_cache.py."""
   n = b.shape[0]
   out = _staging(n, _FAST_PLANES[qtype])
   if qtype == QT.Q8_0:
@@ -119,9 +119,8 @@ def repack(raw: np.ndarray, qtype: QT, rows: int, cols: int) -> dict[str, np.nda
   if qtype == QT.BF16: return {"w2": raw.reshape(-1).view(np.uint32).reshape(rows, cols // 2)}
   block, bsize = GGML_QUANT_SIZES[qtype]
   b = np.ascontiguousarray(raw).reshape(-1, bsize)  # one row of b per block, rows*cols/block of them
-  nb = cols // block
   planes: dict[str, np.ndarray] = {}
-  if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0):
+  if qtype in _FAST_PLANES:
     _repack_fast(b, qtype, planes)
     return {k: v.reshape(rows, -1) for k, v in planes.items()}  # views of the staging buffer: C-contiguous and writable
   if qtype in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1):
@@ -132,34 +131,9 @@ def repack(raw: np.ndarray, qtype: QT, rows: int, cols: int) -> dict[str, np.nda
       planes["qh1"] = b[:, at:at+4].copy().view(np.uint32)[:, 0]  # bit j of qh is element j's 5th bit
       at += 4
     u = _nibbles(b[:, at:at+16])
-  elif qtype == QT.Q8_0:
-    planes["d"] = _f16(b, 0)
-    u = b[:, 2:34] ^ np.uint8(0x80)  # int8 q -> q + 128
-  elif qtype in (QT.Q4_K, QT.Q5_K):
-    planes["d"], planes["dmin"] = _f16(b, 0), _f16(b, 2)
-    sc, mn = _k_scales(b[:, 4:16])
-    planes["sc"], planes["mn"] = _pack(sc, 8), _pack(mn, 8)
-    qs = b[:, 48:176] if qtype == QT.Q5_K else b[:, 16:144]
-    qs = qs.reshape(-1, 4, 32)  # four chunks of 64 elements: 32 low nibbles, then 32 high nibbles
-    u = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(-1, 256)
-    if qtype == QT.Q5_K:
-      qh = b[:, 16:48]  # element 32*s + l takes bit s of qh[l]
-      hb = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
-      u = u | (hb.reshape(-1, 256) << 4)
-  elif qtype == QT.Q6_K:
-    ql, qh = b[:, 0:128].reshape(-1, 2, 64), b[:, 128:192].reshape(-1, 2, 1, 32)
-    lo = np.concatenate([ql[:, :, :32] & 0xF, ql[:, :, 32:] & 0xF, ql[:, :, :32] >> 4, ql[:, :, 32:] >> 4], axis=-1)  # (n, 2, 128)
-    hi = (qh >> (np.arange(4, dtype=np.uint8) * 2)[None, None, :, None]) & 3  # (n, 2, 4, 32)
-    u = (lo | (hi.reshape(-1, 2, 128) << 4)).reshape(-1, 256)
-    planes["sc"] = _pack(b[:, 192:208] ^ np.uint8(0x80), 8)  # int8 scale -> scale + 128
-    planes["d"] = _f16(b, 208)
   else:
     raise ValueError(f"unsupported tensor type {qtype.name}")
-  if qtype == QT.Q8_0: planes["q8"] = _pack(u, 8)
-  else: planes["q4"] = _pack(u, 4)
-  if qtype in (QT.Q5_0, QT.Q5_1): pass  # qh1 already holds one word per 32-element block
-  elif qtype == QT.Q5_K: planes["qh1"] = _pack(u >> 4, 1)
-  elif qtype == QT.Q6_K: planes["qh2"] = _pack(u >> 4, 2)
+  planes["q4"] = _pack(u, 4)  # Q5_0/Q5_1's qh1 already holds one word per 32-element block
   # tinygrad copies host arrays to the GPU from writable memory only: views of the mapped file are copied
   return {k: np.require(np.asarray(v).reshape(rows, -1), requirements=["C", "W"]) for k, v in planes.items()}
 
@@ -174,7 +148,8 @@ def _unpack(words: Tensor, bits: int) -> Tensor:
 def int_to_float(u: Tensor) -> Tensor:
   """Unsigned integers below 2**23 to float32, exactly: the bits of 2**23 + u are 0x4B000000 | u, so the
   conversion is an OR and a subtraction. A plain cast compiles to I2F, which NVIDIA GPUs run at a quarter
-  of the FMA rate; on an H200 the Q6_K matvecs of a 1B model took 14% less time this way (docs/PERF.md)."""
+  of the FMA rate: on an H200 a 1B layer's four Q6_K matvecs timed alone took 14% less time this way, though
+  the whole decode step only moved within noise (docs/PERF.md)."""
   return (u | 0x4B000000).bitcast(dtypes.float32) - 8388608.0
 
 def _per_group(p: Tensor, group: int) -> Tensor:

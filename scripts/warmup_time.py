@@ -17,11 +17,11 @@ if a.tiny16 and not os.path.exists(a.model):
   synth.write_model(a.model, synth.preset("tiny-llama", n_layers=16), synth.QT.Q6_K, a.tiny16, vocab_size=4096)
 from orin_llm.engine import Engine
 from orin_llm import kernel_cache
+from orin_llm.prewarm import warm_up_prompt
 t0 = time.monotonic()
 eng = Engine(a.model, max_context=a.context, cache=a.cache)
 print(f"load {time.monotonic() - t0:.1f} s", flush=True)
-n = max(1, min(eng.chunk + eng.chunk // 2 + 1, eng.max_context - 8))  # as warm_up: a prefill of two chunks
-prompt = [(7 + 31 * i) % eng.cfg.vocab_size for i in range(n)]
+prompt = warm_up_prompt(eng)  # the server's warm-up prompt
 for s in (Sampling(), Sampling(1.0, 40, 0.9, 0)):
   for i in range(3):
     t = time.monotonic()
