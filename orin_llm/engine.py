@@ -2,11 +2,12 @@
 that extend them. Everything the server, CLI and benchmark run goes through `Engine.generate`.
 
 Tokens live on the device: the prompt in `prompt_buf`, chosen tokens in `tok_buf` (position -> id).
-A step writes the token it chooses at the position after its input, and a decode step reads its
-input token from `tok_buf`, so consecutive decode steps need no
-host round trip: the host can queue several before reading what they chose (`lookahead`). The
-only things that change between replays of a compiled step are two symbolic variables, the start
-position and (prefill only) the chunk length.
+A model step (prefill chunk or decode) writes the last position's logits into `logits`, and a choice
+step (greedy or sampled) writes the token it picks at the position after the input; a decode step
+reads its input token from `tok_buf`, so consecutive decode steps need no host round trip: the host
+can queue several before reading what they chose (`lookahead`). The only things that change between
+replays of a compiled step are symbolic variables: the start position, the chunk length (prefill)
+and the position a choice is written to.
 """
 from __future__ import annotations
 import os, time
@@ -53,6 +54,8 @@ class Engine:
     self._params: list[float] | None = None
     self.v_pos = UOp.variable("start_pos", 0, self.max_context - 1)
     self.v_len = UOp.variable("chunk_len", 1, self.chunk)
+    self.v_next = UOp.variable("next_pos", 1, self.max_context)  # where a choice is written
+    self.logits = Tensor.zeros(self.cfg.vocab_size, dtype=dtypes.float32, device=self.device).contiguous().realize()
     self._jits: dict[tuple[str, bool], TinyJit] = {}
     self.cached: list[int] = []  # tokens whose keys and values are in the cache, from position 0
     self.load_seconds = time.monotonic() - t0
@@ -67,25 +70,35 @@ class Engine:
   def kv_bytes(self) -> int: return sum(b.cache.nbytes() for b in self.model.blocks)
 
   # ------------------------------------------------------------------ compiled steps
-  def _step(self, start_pos, T, use_greedy: bool, prefill: bool = False) -> Tensor:
+  def _logits(self, start_pos, T, prefill: bool = False) -> Tensor:
     src = self.prompt_buf if prefill else self.tok_buf  # prefill reads the prompt, decode the last choice
-    logits = self.model(src[start_pos:start_pos + T], start_pos)
-    nxt = greedy(logits) if use_greedy else sample(logits, self.params, start_pos + T)
-    # one output: realizing nxt and the assign separately would run the model twice (and realize every
-    # intermediate the two share, dequantized weights included)
-    return self.tok_buf[start_pos + T:start_pos + T + 1].assign(nxt)
+    return self.model(src[start_pos:start_pos + T], start_pos)
 
-  def _jit(self, kind: str, use_greedy: bool) -> TinyJit:
+  def _choice(self, logits: Tensor, pos, use_greedy: bool) -> Tensor:
+    """Writes the token chosen from logits at tok_buf[pos]."""
+    nxt = greedy(logits) if use_greedy else sample(logits, self.params, pos)
+    return self.tok_buf[pos:pos + 1].assign(nxt)
+
+  def _step(self, start_pos, T, use_greedy: bool, prefill: bool = False) -> Tensor:
+    """One step uncompiled, model and choice together: the kernels the compiled steps run (bench, profiles)."""
+    return self._choice(self._logits(start_pos, T, prefill), start_pos + T, use_greedy)
+
+  def _jit(self, kind: str, use_greedy: bool | None = None) -> TinyJit:
+    """The compiled steps: "prefill" and "decode" run the model into self.logits, "choose" (greedy or sampled)
+    picks a token from it. Kept apart, greedy and sampled requests share the model's two graphs, which are
+    what a start-up spends its time capturing (docs/PERF.md: start-up)."""
     if (kind, use_greedy) not in self._jits:
-      if kind == "prefill": fn = lambda sp, n: self._step(sp, n, use_greedy, prefill=True).realize()
-      else: fn = lambda sp: self._step(sp, 1, use_greedy).realize()
+      if kind == "prefill": fn = lambda sp, n: self.logits.assign(self._logits(sp, n, prefill=True)).realize()
+      elif kind == "decode": fn = lambda sp: self.logits.assign(self._logits(sp, 1)).realize()
+      else: fn = lambda nx: self._choice(self.logits, nx, use_greedy).realize()
       jit = TinyJit(fn)
       # capture on the first call: TinyJit runs a function once uncompiled before capturing it, so that lazy inputs
-      # get realized outside the graph; everything the step reads is realized at load, and skipping that run saves
+      # get realized outside the graph; everything the steps read is realized at load, and skipping that run saves
       # a start-up one of the two schedulings of each step (docs/PERF.md: start-up)
       jit.cnt = 1
       self._jits[(kind, use_greedy)] = jit
-      log.info(f"compiling the {'greedy' if use_greedy else 'sampled'} {kind} step (first use; cached kernels make this quick)")
+      what = {True: "greedy ", False: "sampled ", None: ""}[use_greedy] + {"choose": "choice"}.get(kind, f"{kind} step")
+      log.info(f"compiling the {what} (first use; cached kernels make this quick)")
     return self._jits[(kind, use_greedy)]
 
   def _set_sampling(self, s: Sampling):
@@ -97,15 +110,18 @@ class Engine:
     """Runs tokens[start:] through the model; the chosen next token lands at tok_buf[len(tokens)]."""
     new = Tensor(tokens[start:], dtype=dtypes.int32, device=self.device)
     self.prompt_buf[start:len(tokens)].assign(new).realize()
-    jit = self._jit("prefill", use_greedy)
+    jit = self._jit("prefill")
     for s in range(start, len(tokens), self.chunk):
       jit(self.v_pos.bind(s), self.v_len.bind(min(self.chunk, len(tokens) - s)))
+    self._jit("choose", use_greedy)(self.v_next.bind(len(tokens)))
     self.cached = list(tokens)
 
   def decode(self, pos: int, n: int, use_greedy: bool) -> list[int]:
     """n decode steps from position pos (whose token is already in tok_buf), queued back to back."""
-    jit = self._jit("decode", use_greedy)
-    for i in range(n): jit(self.v_pos.bind(pos + i))
+    step, choose = self._jit("decode"), self._jit("choose", use_greedy)
+    for i in range(n):
+      step(self.v_pos.bind(pos + i))
+      choose(self.v_next.bind(pos + i + 1))
     return self.tok_buf[pos + 1:pos + 1 + n].tolist() if n > 1 else [int(self.tok_buf[pos + 1].item())]
 
   def forward(self, tokens: list[int], start: int) -> "np.ndarray":
