@@ -13,9 +13,9 @@ def add_parser(sub):
   p.add_argument("--json", help="also write the results to this file")
   p.add_argument("--beam", type=int, default=None, help="BEAM search width for kernel optimization (default: tinygrad's BEAM env)")
   p.add_argument("--tokens", "-n", type=int, default=128, help="decoded tokens to time (default 128)")
-  p.add_argument("--prompt", type=int, default=512, help="prefill length (default 512)")
+  p.add_argument("--prompt", default="512,2048", help="prefill lengths, comma-separated (default 512,2048)")
   p.add_argument("--lookahead", type=int, default=None, help="decode steps queued before the host reads tokens (default: the engine's, as served)")
-  p.add_argument("--context", type=int, default=None, help="context to allocate (default: prompt + tokens + 64)")
+  p.add_argument("--context", type=int, default=None, help="context to allocate (default: longest prompt + tokens + 64)")
   p.set_defaults(fn=cmd_bench)
 
 def decode_bytes(eng) -> int:
@@ -27,7 +27,7 @@ def decode_bytes(eng) -> int:
     total += w.nbytes()
   return total
 
-def bench_ours(eng, n_tokens: int, prompt_len: int, lookahead: int) -> dict:
+def bench_ours(eng, n_tokens: int, prompt_lens: list[int], lookahead: int) -> dict:
   from tinygrad.helpers import GlobalCounters
   from orin_llm.sampling import Sampling
   rng = np.random.default_rng(0)
@@ -39,14 +39,17 @@ def bench_ours(eng, n_tokens: int, prompt_len: int, lookahead: int) -> dict:
     eng.cached = []
     for _ in eng.generate(rng.integers(0, vocab, eng.chunk + 3).tolist(), 4, greedy, lookahead=2): pass
   compile_s = time.monotonic() - t0
-  # prefill: prompt_len tokens from an empty cache, until the first token is on the host
-  ttft = []
-  for _ in range(3):
-    eng.cached = []
-    prompt = rng.integers(0, vocab, prompt_len).tolist()
-    t = time.perf_counter()
-    next(iter(eng.generate(prompt, 1, greedy)))
-    ttft.append(time.perf_counter() - t)
+  # prefill: each prompt length from an empty cache, until the first token is on the host (best of 3)
+  prefill = {}
+  for n in prompt_lens:
+    ttft = []
+    for _ in range(3):
+      eng.cached = []
+      prompt = rng.integers(0, vocab, n).tolist()
+      t = time.perf_counter()
+      next(iter(eng.generate(prompt, 1, greedy)))
+      ttft.append(time.perf_counter() - t)
+    prefill[n] = min(ttft)
   # kernels and estimated bytes of one decode step
   eng.cached = []
   prompt = rng.integers(0, vocab, 16).tolist()
@@ -67,19 +70,20 @@ def bench_ours(eng, n_tokens: int, prompt_len: int, lookahead: int) -> dict:
   total = (len(stamps) - 1) / (stamps[-1] - stamps[0])
   nbytes = decode_bytes(eng)
   return {"decode_tok_s": statistics.median(rates), "decode_tok_s_mean": total, "decode_tok_s_min": min(rates),
-          "decode_tok_s_max": max(rates), "prefill_tokens": prompt_len, "prefill_tok_s": prompt_len / min(ttft),
-          "ttft_s": min(ttft), "kernels_per_token": kernels, "bytes_per_token": nbytes, "tinygrad_est_bytes_per_token": est_bytes,
+          "decode_tok_s_max": max(rates), "prefill_tokens": prompt_lens[0],
+          "prefill_tok_s": prompt_lens[0] / prefill[prompt_lens[0]], "ttft_s": prefill[prompt_lens[0]],
+          "prefill": {f"pp{n}": {"tok_s": n / t, "ttft_s": t} for n, t in prefill.items()}, "prefill_chunk": eng.chunk, "kernels_per_token": kernels, "bytes_per_token": nbytes, "tinygrad_est_bytes_per_token": est_bytes,
           "decode_gb_s": nbytes * statistics.median(rates) / 1e9, "compile_s": compile_s, "load_s": eng.load_seconds,
           "tokens_timed": len(stamps)}
 
-def bench_llama(binary: str, model: str, n_tokens: int, prompt_len: int) -> dict:
-  cmd = [binary, "-m", model, "-ngl", "99", "-p", str(prompt_len), "-n", str(n_tokens), "-fa", "0,1", "-r", "3", "-o", "json"]
+def bench_llama(binary: str, model: str, n_tokens: int, prompt_lens: list[int]) -> dict:
+  cmd = [binary, "-m", model, "-ngl", "99", "-p", ",".join(map(str, prompt_lens)), "-n", str(n_tokens), "-fa", "0,1", "-r", "3", "-o", "json"]
   log.info("running " + " ".join(cmd))
   r = subprocess.run(cmd, capture_output=True, text=True)
   if r.returncode != 0: raise OrinError(f"llama-bench failed ({r.returncode}): {r.stderr.strip().splitlines()[-1:] }")
   out = {}
   for row in json.loads(r.stdout):
-    kind = "decode" if row["n_gen"] > 0 else "prefill"
+    kind = "decode" if row["n_gen"] > 0 else f"pp{row['n_prompt']}"
     out[f"{kind}_tok_s_fa{int(row['flash_attn'])}"] = row["avg_ts"]
   out["build"] = f"{r.stdout and json.loads(r.stdout)[0].get('build_commit', '?')}"
   return out
@@ -90,17 +94,18 @@ def cmd_bench(args):
   from orin_llm.engine import Engine
   from tinygrad import Device
   model = model_path(args)
-  eng = Engine(model, max_context=args.context or args.prompt + args.tokens + 64)
+  prompt_lens = [int(n) for n in str(args.prompt).split(",")]
+  eng = Engine(model, max_context=args.context or max(prompt_lens) + args.tokens + 64)
   from orin_llm.engine import DEFAULT_LOOKAHEAD
-  ours = bench_ours(eng, args.tokens, args.prompt, args.lookahead or DEFAULT_LOOKAHEAD)
+  ours = bench_ours(eng, args.tokens, prompt_lens, args.lookahead or DEFAULT_LOOKAHEAD)
   res = {"model": str(model), "device": Device.DEFAULT, "beam": int(os.environ.get("BEAM", "0") or 0), "ours": ours,
          "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
   binary = args.llama_bench or shutil.which("llama-bench")
   if binary:
-    ll = bench_llama(binary, str(model), args.tokens, args.prompt)
+    ll = bench_llama(binary, str(model), args.tokens, prompt_lens)
     res["llama_cpp"] = ll
-    res["ratio"] = {k: ours["decode_tok_s" if k.startswith("decode") else "prefill_tok_s"] / v
-                    for k, v in ll.items() if k.endswith(("fa0", "fa1"))}
+    ours_of = lambda k: ours["decode_tok_s"] if k.startswith("decode") else ours["prefill"].get(k.split("_")[0], {}).get("tok_s")
+    res["ratio"] = {k: ours_of(k) / v for k, v in ll.items() if k.endswith(("fa0", "fa1")) and ours_of(k)}
   print_table(res)
   if args.json:
     with open(args.json, "w") as f: json.dump(res, f, indent=1)
@@ -110,8 +115,8 @@ def print_table(res: dict):
   rows = [("decode tok/s (median)", f"{o['decode_tok_s']:.1f}  [min {o['decode_tok_s_min']:.1f}, max {o['decode_tok_s_max']:.1f}, mean {o['decode_tok_s_mean']:.1f}]"),
           ("decode GB/s", f"{o['decode_gb_s']:.0f} ({o['bytes_per_token'] / 2**20:.0f} MiB per token)"),
           ("kernels per token", str(o["kernels_per_token"])),
-          (f"prefill tok/s ({o['prefill_tokens']})", f"{o['prefill_tok_s']:.0f}"),
-          ("time to first token", f"{o['ttft_s'] * 1e3:.1f} ms"),
+          *[(f"prefill tok/s ({k})", f"{v['tok_s']:.0f}  (first token after {v['ttft_s'] * 1e3:.1f} ms; chunks of {o['prefill_chunk']})")
+            for k, v in o["prefill"].items()],
           ("load / compile", f"{o['load_s']:.1f} s / {o['compile_s']:.1f} s")]
   if "llama_cpp" in res:
     ll, r = res["llama_cpp"], res["ratio"]

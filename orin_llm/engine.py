@@ -22,13 +22,16 @@ from orin_llm.sampling import Sampling, greedy, sample
 from orin_llm import log
 
 DEFAULT_CONTEXT = 4096
-DEFAULT_CHUNK = 32
+# prompt tokens per prefill step. On a GPU, chunks of 512 rows run the weights as float16 matrix products on tensor
+# cores (quant.MATMUL_ROWS; H200: 512 beat 128 and 256, docs/PERF.md), at the price that a short prompt costs a whole
+# padded chunk. On the CPU backend, with no tensor cores to feed, a short prompt in small chunks answers sooner.
+DEFAULT_CHUNK, CPU_CHUNK = 512, 32
 # decode steps queued before the host reads their tokens: the host needs ~0.3 ms to queue a step (H200, docs/PERF.md),
 # which overlaps the device's work only while steps are queued; 8 tokens arrive together (~13 ms at 600 tok/s)
 DEFAULT_LOOKAHEAD = 8
 
 class Engine:
-  def __init__(self, path, max_context: int | None = None, device: str | None = None, chunk: int = DEFAULT_CHUNK,
+  def __init__(self, path, max_context: int | None = None, device: str | None = None, chunk: int | None = None,
                cache: str | os.PathLike | bool | None = None, shipped: str | os.PathLike | None = None):
     """cache: a directory (True: kernel_cache.cache_dir()) for the kernel database chosen for this
     model and device (a missing one copied from `shipped`) and the repacked planes; None: neither,
@@ -37,6 +40,7 @@ class Engine:
     self.file, self.cfg = open_model(path)
     self.path, self.device = path, device or Device.DEFAULT
     self.max_context = min(self.cfg.context_length, max_context or DEFAULT_CONTEXT)
+    if chunk is None: chunk = CPU_CHUNK if self.device.split(":")[0] in ("CPU", "PYTHON") else DEFAULT_CHUNK
     self.chunk = min(chunk, self.max_context)
     self.kernel_db = None
     if cache is not None and cache is not False:
@@ -45,10 +49,12 @@ class Engine:
       # before anything is realized: tinygrad opens its database at the first kernel
       self.kernel_db = kernel_cache.select(cache, self.device, self.cfg, self.file.tensors, shipped=shipped)
     self.weights = load_weights(self.file, self.cfg, self.device, cache_dir=cache if self.kernel_db else None)
-    self.model = Transformer(self.cfg, self.weights, self.max_context, self.device)
+    # a prefill chunk always runs `chunk` rows (a constant shape: matrix products on tensor cores, no symbolic
+    # length); the last one of a prompt is padded, so the prompt buffer, cache and tables reach a chunk further
+    self.model = Transformer(self.cfg, self.weights, self.max_context, self.device, pad=self.chunk)
     # prompt tokens (read by prefill) and chosen tokens (written by every step, read by decode) are kept apart:
     # a prefill chunk writes its choice at the position after it, where the next chunk's prompt token lies
-    self.prompt_buf = Tensor.zeros(self.max_context, dtype=dtypes.int32, device=self.device).contiguous().realize()
+    self.prompt_buf = Tensor.zeros(self.max_context + self.chunk, dtype=dtypes.int32, device=self.device).contiguous().realize()
     self.tok_buf = Tensor.zeros(self.max_context + 1, dtype=dtypes.int32, device=self.device).contiguous().realize()
     self.params = Tensor(Sampling().as_list(), dtype=dtypes.float32, device=self.device).contiguous().realize()
     self._params: list[float] | None = None
@@ -70,25 +76,26 @@ class Engine:
   def kv_bytes(self) -> int: return sum(b.cache.nbytes() for b in self.model.blocks)
 
   # ------------------------------------------------------------------ compiled steps
-  def _logits(self, start_pos, T, prefill: bool = False) -> Tensor:
+  def _logits(self, start_pos, T, prefill: bool = False, n=None) -> Tensor:
+    """The logits after the n-th of T tokens from start_pos (default: the last)."""
     src = self.prompt_buf if prefill else self.tok_buf  # prefill reads the prompt, decode the last choice
-    return self.model(src[start_pos:start_pos + T], start_pos)
+    return self.model(src[start_pos:start_pos + T], start_pos, n)
 
   def _choice(self, logits: Tensor, pos, use_greedy: bool) -> Tensor:
     """Writes the token chosen from logits at tok_buf[pos]."""
     nxt = greedy(logits) if use_greedy else sample(logits, self.params, pos)
     return self.tok_buf[pos:pos + 1].assign(nxt)
 
-  def _step(self, start_pos, T, use_greedy: bool, prefill: bool = False) -> Tensor:
+  def _step(self, start_pos, T, use_greedy: bool, prefill: bool = False, n=None) -> Tensor:
     """One step uncompiled, model and choice together: the kernels the compiled steps run (bench, profiles)."""
-    return self._choice(self._logits(start_pos, T, prefill), start_pos + T, use_greedy)
+    return self._choice(self._logits(start_pos, T, prefill, n), start_pos + (T if n is None else n), use_greedy)
 
   def _jit(self, kind: str, use_greedy: bool | None = None) -> TinyJit:
     """The compiled steps: "prefill" and "decode" run the model into self.logits, "choose" (greedy or sampled)
     picks a token from it. Kept apart, greedy and sampled requests share the model's two graphs, which are
     what a start-up spends its time capturing (docs/PERF.md: start-up)."""
     if (kind, use_greedy) not in self._jits:
-      if kind == "prefill": fn = lambda sp, n: self.logits.assign(self._logits(sp, n, prefill=True)).realize()
+      if kind == "prefill": fn = lambda sp, n: self.logits.assign(self._logits(sp, self.chunk, True, n)).realize()
       elif kind == "decode": fn = lambda sp: self.logits.assign(self._logits(sp, 1)).realize()
       else: fn = lambda nx: self._choice(self.logits, nx, use_greedy).realize()
       jit = TinyJit(fn)

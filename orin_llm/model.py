@@ -17,6 +17,7 @@ import numpy as np
 from tinygrad import Tensor, UOp, dtypes
 from tinygrad.uop.ops import resolve
 from orin_llm.config import ModelConfig
+from orin_llm import quant
 from orin_llm.quant import QuantWeight
 
 # Keys are attended in blocks of KV_BLOCK positions: the attention's reductions then run over (blocks, KV_BLOCK)
@@ -79,26 +80,50 @@ class Block:
     # edge, not a kernel; Tensor.assign on the slice would leave the store pending outside this step's graph
     cache = Tensor(self.cache.uop.after(self.cache[:, :, start_pos:start_pos + T, :].uop.store(new.uop)))
     nb = (start_pos + T + KV_BLOCK - 1) // KV_BLOCK  # blocks holding keys 0 .. start_pos+T-1
+    g = c.n_heads // c.n_kv_heads
+    q = q.reshape(T, c.n_kv_heads, g, c.head_dim).permute(1, 2, 0, 3)  # (kv_heads, g, T, head_dim)
+    qpos = pos[start_pos:start_pos + T].reshape(T, 1)
+    attend = self.attend_chunk if isinstance(T, int) and T >= quant.MATMUL_ROWS else self.attend_rows
+    out = attend(q, cache, nb, pos, qpos, 1.0 / math.sqrt(c.head_dim))  # (kv_heads, g, T, head_dim)
+    return self.wo(out.permute(2, 0, 1, 3).reshape(T, c.n_heads * c.head_dim))
+
+  # Both attention forms end the softmax with the division after the product with V: exp(s - max) feeds the
+  # product directly.
+
+  def attend_rows(self, q: Tensor, cache: Tensor, nb, pos: Tensor, qpos: Tensor, scale: float) -> Tensor:
+    """Few query rows (decode): the reductions over keys run over (KV_BLOCK, nb), the probabilities are never
+    written out, and the denominator comes out of the product with V as a column of ones appended to V."""
+    c = self.cfg
+    T = q.shape[2]
     # (kv_heads, KV_BLOCK, nb, head_dim): the symbolic block count inside, so that tinygrad keeps it apart from the
     # constant KV_BLOCK axis (merged, they make one symbolic range that no thread split applies to)
     blocked = lambda kv: kv[:, 0:nb * KV_BLOCK, :].reshape(c.n_kv_heads, nb, KV_BLOCK, c.head_dim).permute(0, 2, 1, 3).float()
     keys, vals = blocked(cache[0]), blocked(cache[1])
-    g = c.n_heads // c.n_kv_heads
-    q = q.reshape(T, c.n_kv_heads, g, c.head_dim).permute(1, 2, 0, 3)  # (kv_heads, g, T, head_dim)
     # (kv_heads, g, T, KV_BLOCK, nb)
-    scores = (q.reshape(c.n_kv_heads, g, T, 1, 1, c.head_dim) * keys.reshape(c.n_kv_heads, 1, 1, KV_BLOCK, nb, c.head_dim)).sum(-1)
+    scores = (q.unsqueeze(-2).unsqueeze(-2) * keys.unsqueeze(1).unsqueeze(1)).sum(-1)
     # positions from a table rather than Tensor.arange, whose symbolic length would cost a kernel of its own
     kpos = pos[0:nb * KV_BLOCK].reshape(nb, KV_BLOCK).permute(1, 0)
-    qpos = pos[start_pos:start_pos + T].reshape(T, 1, 1)
-    scores = (kpos <= qpos).where(scores * (1.0 / math.sqrt(c.head_dim)), float("-inf"))  # causal, and the last block's tail
-    # softmax with the division after the product with V: exp(s - max) feeds the product directly, so the
-    # probabilities are never written out, and the denominator comes out of the same product as a column of
-    # ones appended to V (no kernel of its own)
+    scores = (kpos <= qpos.unsqueeze(-1)).where(scores * scale, float("-inf"))  # causal, and the last block's tail
     e = (scores - scores.max((-2, -1), keepdim=True)).exp()
     vals1 = vals.pad(((0, 0), (0, 0), (0, 0), (0, 1)), value=1.0).reshape(c.n_kv_heads, 1, 1, KV_BLOCK, nb, c.head_dim + 1)
     acc = (e.unsqueeze(-1) * vals1).sum((-3, -2))  # (kv_heads, g, T, head_dim + 1)
-    out = acc[..., :c.head_dim] / acc[..., c.head_dim:]
-    return self.wo(out.permute(2, 0, 1, 3).reshape(T, c.n_heads * c.head_dim))
+    return acc[..., :c.head_dim] / acc[..., c.head_dim:]
+
+  def attend_chunk(self, q: Tensor, cache: Tensor, nb, pos: Tensor, qpos: Tensor, scale: float) -> Tensor:
+    """A prefill chunk: two float16 matrix products over the keys so far (tensor cores), with the scores and
+    probabilities written once. Fused as in attend_rows, every output column recomputed each exp, and the
+    product with V took 3.4 ms a layer for a chunk of 512 (H200, docs/PERF.md)."""
+    c = self.cfg
+    kv, g, T, D = q.shape
+    L = nb * KV_BLOCK
+    keys, vals = cache[0][:, 0:L, :], cache[1][:, 0:L, :]  # (kv_heads, L, head_dim) float16
+    q16 = q.reshape(kv, g * T, D).cast(dtypes.float16).contiguous()
+    scores = q16.matmul(keys.transpose(-1, -2), dtype=dtypes.float32).reshape(kv, g, T, L)
+    scores = (pos[0:L] <= qpos).where(scores * scale, float("-inf"))  # causal, and the last block's tail
+    e = (scores - scores.max(-1, keepdim=True)).exp()
+    p16 = e.cast(dtypes.float16).contiguous()
+    out = p16.reshape(kv, g * T, L).matmul(vals, dtype=dtypes.float32).reshape(kv, g, T, D)
+    return out / p16.float().sum(-1, keepdim=True)
 
   def __call__(self, x: Tensor, start_pos: int | UOp, rope: Tensor, pos: Tensor) -> Tensor:
     h = x + self.attention(x, start_pos, rope, pos)
@@ -108,8 +133,10 @@ class Block:
     return h + self.down((gate.silu() * up).contiguous())
 
 class Transformer:
-  def __init__(self, cfg: ModelConfig, w: dict, max_context: int, device: str):
+  def __init__(self, cfg: ModelConfig, w: dict, max_context: int, device: str, pad: int = 0):
+    """pad: rows of cache and position tables past max_context, for padded prefill chunks that start near its end."""
     self.cfg, self.max_context = cfg, max_context
+    max_context += pad
     self.embd, self.output_norm = w["token_embd.weight"], w["output_norm.weight"]
     self.output = w["token_embd.weight"] if cfg.tied_output else w["output.weight"]
     ff = w["rope_freqs.weight"].numpy() if cfg.rope_freq_factors else None
@@ -117,8 +144,11 @@ class Transformer:
     self.pos = Tensor(np.arange(kv_capacity(max_context), dtype=np.int32), device=device).realize()  # position of each cache row
     self.blocks = [Block(cfg, w, i, max_context, device) for i in range(cfg.n_layers)]
 
-  def __call__(self, tokens: Tensor, start_pos: int | UOp) -> Tensor:
-    """tokens (T,) int32 at positions start_pos.. -> float32 logits (vocab,) of the last one."""
+  def __call__(self, tokens: Tensor, start_pos: int | UOp, n: int | UOp | None = None) -> Tensor:
+    """tokens (T,) int32 at positions start_pos.. -> float32 logits (vocab,) of the n-th (default: the last).
+    With n < T the tokens after the n-th are padding: their keys and values land in the cache past the
+    sequence, where nothing reads them before the position is written again."""
     x = self.embd.rows_of(tokens)
     for b in self.blocks: x = b(x, start_pos, self.rope, self.pos)
-    return self.output(rms_norm(x[-1:], self.output_norm, self.cfg.norm_eps))[0]
+    last = x[-1:] if n is None else x[n - 1:n]
+    return self.output(rms_norm(last, self.output_norm, self.cfg.norm_eps))[0]

@@ -185,6 +185,10 @@ def dequantize(planes: dict[str, Tensor], qtype: QT) -> Tensor:
     return (u - 32) * _per_group(scale, 16)
   raise ValueError(f"unsupported tensor type {qtype.name}")
 
+# rows of input from which a weight is applied as a float16 matrix product on tensor cores rather than dequantized
+# inside the reduction (QuantWeight.__call__); the prefill chunk sizes around it are measured in docs/PERF.md
+MATMUL_ROWS = 64
+
 @dataclass
 class QuantWeight:
   """A weight matrix (rows, cols) held as planes on the device."""
@@ -210,5 +214,12 @@ class QuantWeight:
     """Dequantized rows idx (an int tensor of any shape) -> (*idx.shape, cols): the embedding lookup."""
     return dequantize({k: p[idx] for k, p in self.planes.items()}, self.qtype)
   def __call__(self, x: Tensor) -> Tensor:
-    """x (..., cols) -> x @ W.T (..., rows), the weights dequantized inside the reduction."""
+    """x (T, cols) -> x @ W.T (T, rows). A few rows (decode): the weights are dequantized inside the reduction,
+    each read once from the planes. From MATMUL_ROWS rows on (a prefill chunk): the matrix is dequantized once
+    into a float16 scratch buffer and multiplied in float16 with float32 sums, the form tinygrad maps to tensor
+    cores; the JIT's memory planner reuses the scratch from one matrix to the next, so the model is never held
+    unquantized."""
+    if isinstance(x.shape[0], int) and x.shape[0] >= MATMUL_ROWS:
+      w = self.weights().cast(dtypes.float16).contiguous()
+      return x.cast(dtypes.float16).contiguous().matmul(w.T, dtype=dtypes.float32)
     return (x.unsqueeze(-2) * self.weights()).sum(-1)
