@@ -9,6 +9,6 @@ M=/tmp/llama1b-q6k.gguf
 # tinygrad's kernel cache (BEAM results included): brought along from the last run, sent back after this one
 export CACHEDB=/tmp/beam.db
 [ -f .dev/beam.db.xz ] && [ ! -f $CACHEDB ] && xz -dc .dev/beam.db.xz > $CACHEDB
-trap 'xz -T8 -c $CACHEDB > $OUT/beam.db.xz 2>/dev/null' EXIT
+trap 'xz -9e -T16 -c $CACHEDB > $OUT/beam.db.xz 2>/dev/null' EXIT
 LB=$(bash .baseline/llama-baseline.sh | head -1)/llama-bench
 eval "$1"
