@@ -87,8 +87,7 @@ class Block:
     out = attend(q, cache, nb, pos, qpos, 1.0 / math.sqrt(c.head_dim))  # (kv_heads, g, T, head_dim)
     return self.wo(out.permute(2, 0, 1, 3).reshape(T, c.n_heads * c.head_dim))
 
-  # Both attention forms end the softmax with the division after the product with V: exp(s - max) feeds the
-  # product directly.
+  # Both attention forms divide by the softmax's denominator after the product with V, which exp(s - max) feeds.
 
   def attend_rows(self, q: Tensor, cache: Tensor, nb, pos: Tensor, qpos: Tensor, scale: float) -> Tensor:
     """Few query rows (decode): the reductions over keys run over (KV_BLOCK, nb), the probabilities are never
@@ -110,9 +109,11 @@ class Block:
     return acc[..., :c.head_dim] / acc[..., c.head_dim:]
 
   def attend_chunk(self, q: Tensor, cache: Tensor, nb, pos: Tensor, qpos: Tensor, scale: float) -> Tensor:
-    """A prefill chunk: two float16 matrix products over the keys so far (tensor cores), with the scores and
-    probabilities written once. Fused as in attend_rows, every output column recomputed each exp, and the
-    product with V took 3.4 ms a layer for a chunk of 512 (H200, docs/PERF.md)."""
+    """A prefill chunk: the scores and the product with V as float16 products with float32 sums (the product
+    with V runs on tensor cores), the scores and probabilities each written once: fused as in attend_rows,
+    every output column recomputed each exp (H200, a chunk of 512: 3.4 ms a layer, docs/PERF.md). They take
+    6 bytes per head, row and key, sized by the JIT for the longest context: 453 MB for a 1B's chunk of 512
+    at context 4096."""
     kv, g, T, D = q.shape
     L = nb * KV_BLOCK
     q16 = q.reshape(kv, g * T, 1, 1, D).cast(dtypes.float16).contiguous()
