@@ -23,8 +23,8 @@ from orin_llm import log
 
 DEFAULT_CONTEXT = 4096
 # prompt tokens per prefill step. On a GPU, chunks of 512 rows run the weights as float16 matrix products on tensor
-# cores (quant.MATMUL_ROWS; H200: 512 beat 128 and 256, docs/PERF.md), at the price that a short prompt costs a whole
-# padded chunk. On the CPU backend, with no tensor cores to feed, a short prompt in small chunks answers sooner.
+# cores (quant.MATMUL_ROWS; H200, pp512 at BEAM=0: 8030 tok/s against 7187 with chunks of 256, docs/PERF.md), at the
+# price that a short prompt costs a whole padded chunk. On the CPU backend, with no tensor cores to feed, a short prompt in small chunks answers sooner.
 DEFAULT_CHUNK, CPU_CHUNK = 512, 32
 # decode steps queued before the host reads their tokens: the host needs ~0.3 ms to queue a step (H200, docs/PERF.md),
 # which overlaps the device's work only while steps are queued; 8 tokens arrive together (~13 ms at 600 tok/s)
