@@ -24,8 +24,9 @@ from orin_llm import log
 DEFAULT_CONTEXT = 4096
 # prompt tokens per prefill step. On a GPU, chunks of 512 rows run the weights as float16 matrix products on tensor
 # cores (quant.MATMUL_ROWS; H200, pp512 at BEAM=0: 8030 tok/s against 7187 with chunks of 256, docs/PERF.md), at the
-# price that a short prompt costs a whole padded chunk. On the CPU backend, with no tensor cores to feed, a short prompt in small chunks answers sooner.
-DEFAULT_CHUNK, CPU_CHUNK = 512, 32
+# price that a short prompt costs a whole padded chunk. Where the device has no tensor cores to feed (tinygrad's CPU
+# backend), a short prompt in small chunks answers sooner.
+DEFAULT_CHUNK, NO_TC_CHUNK = 512, 32
 # decode steps queued before the host reads their tokens: the host needs ~0.3 ms to queue a step (H200, docs/PERF.md),
 # which overlaps the device's work only while steps are queued; 8 tokens arrive together (~13 ms at 600 tok/s)
 DEFAULT_LOOKAHEAD = 8
@@ -40,7 +41,7 @@ class Engine:
     self.file, self.cfg = open_model(path)
     self.path, self.device = path, device or Device.DEFAULT
     self.max_context = min(self.cfg.context_length, max_context or DEFAULT_CONTEXT)
-    if chunk is None: chunk = CPU_CHUNK if self.device.split(":")[0] in ("CPU", "PYTHON") else DEFAULT_CHUNK
+    if chunk is None: chunk = DEFAULT_CHUNK if Device[self.device].renderer.tensor_cores else NO_TC_CHUNK
     self.chunk = min(chunk, self.max_context)
     self.kernel_db = None
     if cache is not None and cache is not False:

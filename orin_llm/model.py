@@ -46,6 +46,14 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
   y0, y1 = x0 * cos - x1 * sin, x0 * sin + x1 * cos
   return y0.cat(y1, dim=-1) if neox else y0.unsqueeze(-1).cat(y1.unsqueeze(-1), dim=-1).reshape(T, H, D)
 
+def softmax_numerator(scores: Tensor, nb, pos: Tensor, qpos: Tensor, scale: float) -> Tensor:
+  """exp(s - max) of scores (..., T, KV_BLOCK, nb) over keys 0 .. nb*KV_BLOCK-1, masked to the keys at or before
+  each query's position (causal, and the last block's tail); qpos (T, 1) holds the queries' positions."""
+  # positions from a table rather than Tensor.arange, whose symbolic length would cost a kernel of its own
+  kpos = pos[0:nb * KV_BLOCK].reshape(nb, KV_BLOCK).permute(1, 0)
+  scores = (kpos <= qpos.unsqueeze(-1)).where(scores * scale, float("-inf"))
+  return (scores - scores.max((-2, -1), keepdim=True)).exp()
+
 class Fused:
   """Several weight matrices of one input applied as one matvec when their types allow, split after."""
   def __init__(self, ws: list[QuantWeight]):
@@ -83,7 +91,7 @@ class Block:
     g = c.n_heads // c.n_kv_heads
     q = q.reshape(T, c.n_kv_heads, g, c.head_dim).permute(1, 2, 0, 3)  # (kv_heads, g, T, head_dim)
     qpos = pos[start_pos:start_pos + T].reshape(T, 1)
-    attend = self.attend_chunk if isinstance(T, int) and T >= quant.MATMUL_ROWS else self.attend_rows
+    attend = self.attend_chunk if quant.as_matrix(T) else self.attend_rows
     out = attend(q, cache, nb, pos, qpos, 1.0 / math.sqrt(c.head_dim))  # (kv_heads, g, T, head_dim)
     return self.wo(out.permute(2, 0, 1, 3).reshape(T, c.n_heads * c.head_dim))
 
@@ -100,10 +108,7 @@ class Block:
     keys, vals = blocked(cache[0]), blocked(cache[1])
     # (kv_heads, g, T, KV_BLOCK, nb)
     scores = (q.unsqueeze(-2).unsqueeze(-2) * keys.unsqueeze(1).unsqueeze(1)).sum(-1)
-    # positions from a table rather than Tensor.arange, whose symbolic length would cost a kernel of its own
-    kpos = pos[0:nb * KV_BLOCK].reshape(nb, KV_BLOCK).permute(1, 0)
-    scores = (kpos <= qpos.unsqueeze(-1)).where(scores * scale, float("-inf"))  # causal, and the last block's tail
-    e = (scores - scores.max((-2, -1), keepdim=True)).exp()
+    e = softmax_numerator(scores, nb, pos, qpos, scale)
     vals1 = vals.pad(((0, 0), (0, 0), (0, 0), (0, 1)), value=1.0).reshape(c.n_kv_heads, 1, 1, KV_BLOCK, nb, c.head_dim + 1)
     acc = (e.unsqueeze(-1) * vals1).sum((-3, -2))  # (kv_heads, g, T, head_dim + 1)
     return acc[..., :c.head_dim] / acc[..., c.head_dim:]
@@ -122,9 +127,7 @@ class Block:
     # no tensor cores and took a third of a chunk's time (8.7 ms of 26.6 at 512 rows, H200, docs/PERF.md)
     keys = cache[0][:, 0:L, :].reshape(kv, 1, nb, KV_BLOCK, D).permute(0, 1, 3, 2, 4)
     scores = (q16 * keys).sum(-1, dtype=dtypes.float32).reshape(kv, g, T, KV_BLOCK, nb)
-    kpos = pos[0:L].reshape(nb, KV_BLOCK).permute(1, 0)
-    scores = (kpos <= qpos.unsqueeze(-1)).where(scores * scale, float("-inf"))  # causal, and the last block's tail
-    e = (scores - scores.max((-2, -1), keepdim=True)).exp()
+    e = softmax_numerator(scores, nb, pos, qpos, scale)
     # probabilities written in key order, float16: the product with V is then one matrix product over the keys
     p16 = e.permute(0, 1, 2, 4, 3).reshape(kv, g * T, L).cast(dtypes.float16).contiguous()
     out = p16.matmul(cache[1][:, 0:L, :], dtype=dtypes.float32).reshape(kv, g, T, D)

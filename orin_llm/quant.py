@@ -189,6 +189,10 @@ def dequantize(planes: dict[str, Tensor], qtype: QT) -> Tensor:
 # inside the reduction (QuantWeight.__call__); the prefill chunk sizes around it are measured in docs/PERF.md
 MATMUL_ROWS = 64
 
+def as_matrix(rows) -> bool:
+  """Whether an input of this many rows (constant) is a prefill chunk, whose products run as float16 matrices."""
+  return isinstance(rows, int) and rows >= MATMUL_ROWS
+
 @dataclass
 class QuantWeight:
   """A weight matrix (rows, cols) held as planes on the device."""
@@ -219,7 +223,7 @@ class QuantWeight:
     into a float16 scratch buffer and multiplied in float16 with float32 sums, the form tinygrad maps to tensor
     cores; the JIT's memory planner reuses the scratch from one matrix to the next, so the model is never held
     unquantized."""
-    if isinstance(x.shape[0], int) and x.shape[0] >= MATMUL_ROWS:
+    if as_matrix(x.shape[0]):
       w = self.weights().cast(dtypes.float16).contiguous()
       return x.cast(dtypes.float16).contiguous().matmul(w.T, dtype=dtypes.float32)
     return (x.unsqueeze(-2) * self.weights()).sum(-1)
