@@ -35,6 +35,9 @@ def warm_up(eng, beat=lambda: None, progress: bool = False):
       log.info(f"prewarm: {k + 1}/{len(steps)} {'greedy' if s.greedy else 'sampled'} prefill+decode, "
                f"{time.monotonic() - t0:.1f} s, kernels {c.hits} cached, {c.compiled} compiled, {c.searched} BEAM-searched")
   eng.cached = []
+  # a later start loads the captured steps rather than capturing them again (step_cache.py)
+  from orin_llm import step_cache
+  step_cache.try_save(eng)
 
 def add_parser(sub):
   p = sub.add_parser("prewarm", help="fill the kernel cache (compiled and BEAM-searched kernels) for a model on this GPU",

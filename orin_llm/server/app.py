@@ -249,7 +249,9 @@ async def health(request: web.Request):
   if w.failure is not None: body["error"] = str(w.failure)
   if state == "ready": body.update(queue_depth=w.depth(), context_length=w.engine.max_context)
   if (k := w.kernel_counts()) is not None:  # misses_after_ready > 0: a request compiled (prewarm missed a step)
-    body["kernel_cache"] = k | {"misses_after_ready": k["misses"] - w.ready_counts["misses"] if w.ready_counts else None}
+    body["kernel_cache"] = k | {"misses_after_ready": k["misses"] - w.ready_counts["misses"] if w.ready_counts else None,
+                                # the captured steps' file (step_cache.py): loaded at start, or written by its warm-up
+                                "steps_file": str(f) if (f := getattr(w.engine, "steps_file", None)) else None}
   return web.json_response(body, status=200 if state == "ready" else 503)
 
 async def metrics(request: web.Request):

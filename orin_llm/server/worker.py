@@ -113,7 +113,8 @@ class Worker:
     try:
       self._set("loading", "loading the model")
       self.engine, self.tok = self._load()
-      self._set("warming", "warming up: compiling the prefill and decode steps")
+      self._set("warming", "warming up: running the loaded prefill and decode steps" if getattr(self.engine, "steps_file", None) else
+                           "warming up: compiling the prefill and decode steps")
       t0 = time.monotonic()
       self._warm_up()
       self._set("ready", f"ready (warm-up took {time.monotonic() - t0:.1f} s{self._kernels()})")

@@ -1,0 +1,148 @@
+"""Captured steps kept across starts: the engine's compiled steps (tinygrad TinyJits), pickled once
+they are captured and unpickled by a later start of the same model shape, context and code, which
+then schedules and captures nothing (on the H200 that capture was most of a prewarmed start:
+docs/PERF.md, start-up).
+
+A captured step is a graph of kernel calls over buffers. The file holds the graph and the compiled
+programs, not the buffers' contents:
+- the engine's state (weights, KV cache, token buffers, rope tables: every Tensor that
+  `state_tensors` finds) is written by name and bound, at load, to the loading engine's own buffers,
+  which its loader has just filled (from the planes cache);
+- every other buffer is a step's scratch, written inside the step before it is read: it is written
+  as its size and type (and its place in a shared buffer, where the JIT's memory planner put several
+  in one) and allocated afresh at load.
+A buffer that a step reads but never writes and that is not state would be lost, so saving refuses
+such a step. Fresh buffers get fresh tinygrad ids: the ids of the saving process would collide with
+the loading process's own.
+
+The file is named after everything that decides the steps: the kernel database's name (GPU arch,
+tinygrad build and patches, model shape, BEAM width), the context and chunk length, the Python
+version and this package's source; a file of another key is never read, and one that fails to load
+is ignored (the engine captures as without it).
+"""
+from __future__ import annotations
+import dataclasses, hashlib, io, os, pathlib, pickle, sys, tempfile, time
+from orin_llm import log
+
+FORMAT = 1
+
+def state_tensors(eng) -> dict[str, "Tensor"]:
+  """Name -> every realized Tensor the engine holds outside its steps: weights (and the fused copies the
+  model makes of them), KV caches, position and rope tables, token, parameter and logits buffers."""
+  from tinygrad.nn.state import get_state_dict
+  sd = get_state_dict({"model": eng.model, "weights": eng.weights,
+                       "engine": {k: v for k, v in vars(eng).items() if k not in ("model", "weights", "_jits")}})
+  return {k: t for k, t in sd.items() if t.uop.base.op.name == "BUFFER"}
+
+def _source_hash() -> str:
+  h = hashlib.sha256()
+  for p in sorted(pathlib.Path(__file__).parent.rglob("*.py")): h.update(p.name.encode() + p.read_bytes())
+  return h.hexdigest()
+
+def path_for(eng) -> pathlib.Path | None:
+  """The steps file next to the engine's kernel database, or None without one (no cache directory)."""
+  if eng.kernel_db is None: return None
+  key = {"format": FORMAT, "db": eng.kernel_db.name, "context": eng.max_context, "chunk": eng.chunk, "device": eng.device,
+         "python": sys.version_info[:2], "source": _source_hash()}
+  h = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
+  return eng.kernel_db.parent / f"steps-{h}.pkl"
+
+# ------------------------------------------------------------------ writing
+
+def _buffer_uops(eng) -> dict:
+  """BUFFER UOp -> state name."""
+  return {t.uop.base: name for name, t in state_tensors(eng).items()}
+
+class _Pickler(pickle.Pickler):
+  def __init__(self, f, state: dict, written: set):
+    super().__init__(f, protocol=5)
+    self.state, self.written, self.bases = state, written, {}
+  def persistent_id(self, obj):
+    from tinygrad.uop.ops import UOp, Ops, buffers
+    # device buffers only: kernels' own code holds BUFFER UOps of registers and local memory too
+    if type(obj) is not UOp or obj.op is not Ops.BUFFER or obj.arg.device is None: return None
+    if (name := self.state.get(obj)) is not None: return ("state", name, obj.arg.dtype, buffers[obj].size)
+    if obj not in self.written: raise ValueError(f"a step reads a buffer that is neither engine state nor written by a step: {obj.arg}")
+    # the UOp's fields but its id (slot), which the loading process gives afresh
+    fields = (obj.dtype, obj.src, {f.name: getattr(obj.arg, f.name) for f in dataclasses.fields(obj.arg) if f.name != "slot"}, obj.tag)
+    if (buf := buffers.get(obj)) is None: return ("scratch", fields, None)
+    base = buf.base
+    bid = self.bases.setdefault(id(base), (len(self.bases), base))[0]  # the base kept alive until the dump ends
+    return ("scratch", fields, (bid, base.device, base.size, base.dtype, base.options, buf.size, buf.dtype,
+                                buf.offset if buf._base is not None else None))
+
+def save(eng, path: str | os.PathLike) -> int:
+  """Writes the engine's captured steps to path (atomically); returns the file's size."""
+  from tinygrad.uop.ops import UOp, Ops
+  jits = {k: j for k, j in eng._jits.items() if j.captured is not None}
+  written = set()
+  for j in jits.values():
+    for u in j.captured._written_uops: written.add(u)
+  path = pathlib.Path(path)
+  buf = io.BytesIO()
+  _Pickler(buf, _buffer_uops(eng), written).dump({"format": FORMAT, "jits": jits})
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-steps-")
+  try:
+    with os.fdopen(fd, "wb") as f: f.write(buf.getbuffer())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+  except BaseException:
+    pathlib.Path(tmp).unlink(missing_ok=True)
+    raise
+  return buf.tell()
+
+# ------------------------------------------------------------------ reading
+
+class _Unpickler(pickle.Unpickler):
+  def __init__(self, f, state: dict):
+    super().__init__(f)
+    self.state, self.bases = state, {}
+  def persistent_load(self, pid):
+    from tinygrad.uop.ops import UOp, Ops, ParamArg, buffers
+    from tinygrad.device import Buffer
+    if pid[0] == "state":
+      _, name, dtype, size = pid
+      if (u := self.state.get(name)) is None or u.arg.dtype != dtype or buffers[u].size != size:
+        raise ValueError(f"the steps read {name} ({dtype}, {size}), which this engine holds " + ("not" if u is None else f"as ({u.arg.dtype}, {buffers[u].size})"))
+      return u
+    _, (dtype, src, arg, tag), desc = pid
+    fresh = UOp(Ops.BUFFER, dtype, src, ParamArg(slot=next(UOp.unique_num), **arg), tag)
+    if desc is not None:
+      bid, dev, size, dtype, options, vsize, vdtype, offset = desc
+      if bid not in self.bases: self.bases[bid] = Buffer(dev, size, dtype, options=options).allocate()
+      base = self.bases[bid]
+      b = base if offset is None else base.view(vsize, vdtype, offset)
+      buffers[fresh] = b.ref(1)
+    return fresh
+
+def load(eng, path: str | os.PathLike) -> dict:
+  """The captured steps in path, bound to this engine's buffers: {(kind, greedy): TinyJit}."""
+  state = _buffer_uops(eng)
+  with open(path, "rb") as f: data = _Unpickler(f, {n: u for u, n in state.items()}).load()
+  if data.get("format") != FORMAT: raise ValueError(f"format {data.get('format')}, expected {FORMAT}")
+  return data["jits"]
+
+def try_load(eng) -> pathlib.Path | None:
+  """Installs the engine's steps from its steps file and returns its path; None (and the engine captures
+  its steps on first use) when there is none or it cannot be read."""
+  if (path := path_for(eng)) is None or not path.exists(): return None
+  t0 = time.monotonic()
+  try: jits = load(eng, path)
+  except Exception as e:
+    log.info(f"captured steps: cannot use {path} ({type(e).__name__}: {e}); capturing them anew")
+    return None
+  eng._jits.update(jits)
+  log.info(f"captured steps: {len(jits)} loaded from {path} in {time.monotonic() - t0:.1f} s")
+  return path
+
+def try_save(eng) -> pathlib.Path | None:
+  """Writes the engine's captured steps to its steps file, unless it has none or the file exists."""
+  if (path := path_for(eng)) is None or path.exists() or not any(j.captured is not None for j in eng._jits.values()): return None
+  t0 = time.monotonic()
+  try: size = save(eng, path)
+  except Exception as e:
+    log.info(f"captured steps: not kept ({type(e).__name__}: {e})")
+    return None
+  eng.steps_file = path
+  log.info(f"captured steps: {len(eng._jits)} kept in {path} ({size / 2**20:.1f} MiB, {time.monotonic() - t0:.1f} s)")
+  return path

@@ -1,0 +1,97 @@
+"""Captured steps kept across starts (orin_llm/step_cache.py): a fresh process that loads them runs the same
+steps on its own freshly loaded weights, checked against the float64 reference, and a file that cannot be
+used is ignored."""
+import json, os, pathlib, subprocess, sys
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from orin_llm import step_cache
+from orin_llm.engine import Engine
+from orin_llm.synth import write_model, preset
+from reference import Reference
+from conftest import LLAMA_VOCAB
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+VOCAB, CONTEXT, CHUNK = 2048, 96, 16
+
+# run in a fresh process: prompt in, the greedy tokens, the logits after the last one and where the steps came from
+RUN = """
+import json, sys
+from orin_llm.engine import Engine
+from orin_llm import log
+log.setup()
+a = json.loads(sys.argv[1])
+eng = Engine(a["model"], max_context=a["context"], chunk=a["chunk"], cache=a["cache"])
+toks = list(eng.generate(a["prompt"], a["n"]))
+print(json.dumps({"tokens": toks, "logits": eng.logits.numpy().tolist(), "steps": str(eng.steps_file)}))
+"""
+
+def run(model, cache, prompt, n):
+  arg = json.dumps({"model": str(model), "cache": str(cache), "context": CONTEXT, "chunk": CHUNK, "prompt": prompt, "n": n})
+  r = subprocess.run([sys.executable, "-c", RUN, arg], capture_output=True, text=True, timeout=900,
+                     env={**os.environ, "DEV": "CPU", "BEAM": "0", "PYTHONPATH": str(ROOT)})
+  assert r.returncode == 0, r.stderr
+  return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+  seed = int(np.random.SeedSequence().entropy % (1 << 31))
+  print(f"synth seed {seed}")
+  return write_model(tmp_path_factory.mktemp("m") / "m.gguf", preset("tiny-llama"), QT.Q6_K, LLAMA_VOCAB, seed=seed, vocab_size=VOCAB)
+
+def check_against_reference(model, prompt, out):
+  """The greedy tokens and the logits after them, against the float64 reference."""
+  ref = Reference(model)
+  for t in prompt[:-1]: ref.step(t)
+  logits = ref.step(prompt[-1])
+  for i, tok in enumerate(out["tokens"]):
+    best = int(np.argmax(logits))
+    assert tok == best or logits[best] - logits[tok] < 1e-3 * np.abs(logits).max(), (i, out["tokens"], best)
+    if i < len(out["tokens"]) - 1: logits = ref.step(tok)
+  got = np.array(out["logits"])
+  assert np.linalg.norm(got - logits) / np.linalg.norm(logits) < 1e-2
+
+def test_loaded_steps_match_reference(model, tmp_path, rng):
+  from orin_llm.prewarm import warm_up
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
+  assert eng.steps_file is None  # nothing kept yet
+  warm_up(eng)  # captures every step, then keeps them
+  path = step_cache.path_for(eng)
+  assert eng.steps_file == path and path.exists()
+  # a prompt over three chunks, the last one partial, then decode: the loading process captures nothing,
+  # and its steps read the weights it loaded itself (none are in the file)
+  prompt = rng.integers(0, VOCAB, 2 * CHUNK + 5).tolist()
+  out, log = run(model, tmp_path, prompt, 7)
+  assert out["steps"] == str(path) and "loaded from" in log and "compiling the" not in log, log
+  check_against_reference(model, prompt, out)
+  # graph and programs, not the weights: no plane's bytes are in the file
+  data = path.read_bytes()
+  for name in ("token_embd.weight", "blk.1.ffn_down.weight"):
+    for p in eng.weights[name].planes.values(): assert p.numpy().tobytes()[:512] not in data, name
+
+def test_steps_file_keyed_by_context_and_chunk(model, tmp_path):
+  a = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
+  b = Engine(model, max_context=CONTEXT + 32, chunk=CHUNK, cache=tmp_path)
+  c = Engine(model, max_context=CONTEXT, chunk=CHUNK // 2, cache=tmp_path)
+  assert len({step_cache.path_for(e) for e in (a, b, c)}) == 3
+  assert step_cache.path_for(Engine(model, max_context=CONTEXT, chunk=CHUNK)) is None  # no cache directory: none kept
+
+def test_unusable_file_is_ignored(model, tmp_path, rng):
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
+  step_cache.path_for(eng).write_bytes(b"not a pickle")
+  prompt = rng.integers(0, VOCAB, CHUNK + 3).tolist()
+  out, log = run(model, tmp_path, prompt, 4)
+  assert out["steps"] == "None" and "cannot use" in log and "compiling the" in log
+  check_against_reference(model, prompt, out)
+
+def test_refuses_steps_that_read_unnamed_buffers(model, tmp_path, monkeypatch):
+  """A buffer the steps read but never write would be lost in the file: saving refuses rather than keep
+  a step that would run on garbage."""
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
+  list(eng.generate(list(range(1, CHUNK + 3)), 3))
+  full = step_cache.state_tensors(eng)
+  lost = full["weights.blk.0.attn_norm.weight"].uop.base  # under every name it has
+  monkeypatch.setattr(step_cache, "state_tensors", lambda e: {k: v for k, v in full.items() if v.uop.base is not lost})
+  with pytest.raises(ValueError, match="neither engine state nor written"):
+    step_cache.save(eng, tmp_path / "x.pkl")
+  assert step_cache.try_save(eng) is None and not step_cache.path_for(eng).exists()
