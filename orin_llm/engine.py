@@ -112,15 +112,24 @@ class Engine:
       log.info(f"compiling the {what} (first use; cached kernels make this quick)")
     return self._jits[(kind, use_greedy)]
 
+  @staticmethod
+  def _copy_in(buf: Tensor, start: int, values: np.ndarray):
+    """buf[start:start+len(values)] = values as a plain host-to-device copy. A slice assign would compile
+    a kernel for each length and offset: a BEAM search inside a request for every new prompt length."""
+    from tinygrad.device import Buffer
+    b = buf.uop.buffer
+    assert values.dtype.itemsize == b.dtype.itemsize
+    src = Buffer("PYTHON", len(values), b.dtype, opaque=memoryview(bytearray(np.ascontiguousarray(values).tobytes())))
+    b.view(len(values), b.dtype, start * b.dtype.itemsize).ensure_allocated().copy_from(src)
+
   def _set_sampling(self, s: Sampling):
     if (vals := s.as_list()) != self._params:
-      self.params.assign(Tensor(vals, dtype=dtypes.float32, device=self.device)).realize()
+      self._copy_in(self.params, 0, np.array(vals, np.float32))
       self._params = vals
 
   def prefill(self, tokens: list[int], start: int, use_greedy: bool) -> None:
     """Runs tokens[start:] through the model; the chosen next token lands at tok_buf[len(tokens)]."""
-    new = Tensor(tokens[start:], dtype=dtypes.int32, device=self.device)
-    self.prompt_buf[start:len(tokens)].assign(new).realize()
+    self._copy_in(self.prompt_buf, start, np.array(tokens[start:], np.int32))
     jit = self._jit("prefill")
     for s in range(start, len(tokens), self.chunk):
       jit(self.v_pos.bind(s), self.v_len.bind(min(self.chunk, len(tokens) - s)))
@@ -138,7 +147,7 @@ class Engine:
   def forward(self, tokens: list[int], start: int) -> "np.ndarray":
     """Runs tokens at positions start.. uncompiled (no JIT) and returns the last one's logits:
     the plain path that tests and checks compare the compiled steps against."""
-    self.prompt_buf[start:start + len(tokens)].assign(Tensor(tokens, dtype=dtypes.int32, device=self.device)).realize()
+    self._copy_in(self.prompt_buf, start, np.array(tokens, np.int32))
     logits = self.model(self.prompt_buf[start:start + len(tokens)], start).numpy()
     self.cached = self.cached[:start] + list(tokens)
     return logits
