@@ -32,6 +32,8 @@ class TensorInfo:
   offset: int              # absolute byte offset in the file
   nbytes: int
 
+_U64 = struct.Struct("<Q")
+
 class _Cursor:
   def __init__(self, buf, path): self.buf, self.pos, self.path = buf, 0, path
   def take(self, n: int) -> memoryview:
@@ -43,6 +45,21 @@ class _Cursor:
     n = self.unpack("<Q")
     try: return str(self.take(n), "utf-8")
     except UnicodeDecodeError as e: raise OrinError(f"{self.path}: a metadata string is not valid UTF-8 at byte {self.pos - n}") from e
+  def strings(self, n: int) -> list[str]:
+    """n strings in one tight loop: a vocabulary's 128k tokens and 280k merges took 1.6 s through string()."""
+    buf, pos, end, out, length = self.buf, self.pos, len(self.buf), [], _U64.unpack_from
+    try:
+      for _ in range(n):
+        (k,) = length(buf, pos)
+        pos += 8
+        if pos + k > end: break
+        out.append(str(buf[pos:pos + k], "utf-8"))
+        pos += k
+    except struct.error: pass  # the length itself runs past the end
+    except UnicodeDecodeError as e: raise OrinError(f"{self.path}: a metadata string is not valid UTF-8 at byte {pos}") from e
+    if len(out) < n: raise OrinError(f"{self.path}: truncated GGUF file (a string array runs past its end, {end} bytes)")
+    self.pos = pos
+    return out
   def value(self, vtype: int) -> Any:
     try: vtype = GGUFValueType(vtype)
     except ValueError: raise OrinError(f"{self.path}: unknown metadata value type {vtype} at byte {self.pos}") from None
@@ -52,6 +69,7 @@ class _Cursor:
       if sub in _NP:  # numeric arrays in one read
         dt = np.dtype(_NP[GGUFValueType(sub)])
         return np.frombuffer(self.take(n * dt.itemsize), dtype=dt).tolist()
+      if sub == GGUFValueType.STRING: return self.strings(n)
       return [self.value(sub) for _ in range(n)]
     return self.unpack(_SCALAR[vtype])
 

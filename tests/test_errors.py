@@ -39,6 +39,29 @@ def test_truncated(good, tmp_path):
   expect_error(["info", bad], "truncated")
   expect_error(["generate", "--model", bad, "-p", "hi"], "truncated")
 
+def test_truncated_in_the_vocabulary(good, tmp_path):
+  """Cut inside the tokens' string array (read in a loop of its own), or with a token's bytes made invalid UTF-8."""
+  data = good.read_bytes()
+  at = data.index(b"tokenizer.ggml.tokens") + 200
+  p = tmp_path / "cut.gguf"; p.write_bytes(data[:at])
+  expect_error(["info", p], "truncated")
+  tok = data.index(b"tokenizer.ggml.tokens")
+  bad = bytearray(data); bad[tok + 100:tok + 104] = b"\xff\xfe\xff\xfe"
+  p.write_bytes(bytes(bad))
+  code, err = cli("info", p)
+  assert code != 0 and "Traceback" not in err and ("UTF-8" in err or "truncated" in err), err
+
+def test_metadata_matches_gguf_reader(good):
+  """Our header parser against the gguf package's, on every metadata value (the vocabulary's strings included)."""
+  import gguf
+  from orin_llm.gguf_file import GGUFFile
+  ours, theirs = GGUFFile(good).metadata, gguf.GGUFReader(good).fields
+  for k, f in theirs.items():
+    if k.startswith("GGUF."): continue
+    want = f.contents()
+    assert ours[k] == (want if not isinstance(want, float) else pytest.approx(want)), k
+  assert len(ours["tokenizer.ggml.tokens"]) == 512
+
 def test_wrong_magic(good, tmp_path):
   expect_error(["info", patched(good, tmp_path, lambda d: d.__setitem__(slice(0, 4), b"GGML"))], "not a GGUF file")
 
