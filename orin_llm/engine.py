@@ -17,7 +17,7 @@ from tinygrad import Tensor, TinyJit, UOp, dtypes, Device
 from tinygrad.helpers import GlobalCounters
 from orin_llm.errors import OrinError
 from orin_llm.loader import open_model, load_weights
-from orin_llm.model import Transformer
+from orin_llm.model import Transformer, fused_groups
 from orin_llm.sampling import Sampling, greedy, sample
 from orin_llm import log
 
@@ -49,7 +49,8 @@ class Engine:
       cache = kernel_cache.cache_dir(None if cache is True else cache)
       # before anything is realized: tinygrad opens its database at the first kernel
       self.kernel_db = kernel_cache.select(cache, self.device, self.cfg, self.file.tensors, shipped=shipped)
-    self.weights = load_weights(self.file, self.cfg, self.device, cache_dir=cache if self.kernel_db else None)
+    self.weights = load_weights(self.file, self.cfg, self.device, cache_dir=cache if self.kernel_db else None,
+                                fuse=fused_groups(self.cfg, {n: t.qtype for n, t in self.file.tensors.items()}))
     # a prefill chunk always runs `chunk` rows (a constant shape: matrix products on tensor cores, no symbolic
     # length); the last one of a prompt is padded, so the prompt buffer, cache and tables reach a chunk further
     self.model = Transformer(self.cfg, self.weights, self.max_context, self.device, pad=self.chunk)

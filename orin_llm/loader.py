@@ -15,7 +15,7 @@ from orin_llm.gguf_file import GGUFFile
 from orin_llm.quant import QuantWeight, repack
 from orin_llm import hostmem, log
 
-FORMAT = 1  # bump when repack's output changes
+FORMAT = 2  # bump when repack's output changes (2: fused weights stored stacked)
 ALIGN = 4096
 
 class PlanesCache:
@@ -93,23 +93,34 @@ class PlanesCache:
     self._out = None
     pathlib.Path(self._tmp).unlink(missing_ok=True)
 
-def load_weights(f: GGUFFile, cfg: ModelConfig, device: str, cache_dir=None) -> dict:
+def load_weights(f: GGUFFile, cfg: ModelConfig, device: str, cache_dir=None, fuse: dict[str, list[str]] | None = None) -> dict:
+  """Name -> QuantWeight (matrices) or float32 Tensor (vectors), on the device. fuse: fused name -> matrices of one
+  type (model.fused_groups) uploaded as one QuantWeight, their rows stacked here on the host, in place of them."""
   out = {}
-  names = list(cfg.tensor_shapes())
+  fuse = fuse or {}
+  member = {m: g for g, ms in fuse.items() for m in ms}
+  # a fused weight is loaded where its first member would be
+  names = [member.get(n, n) for n in cfg.tensor_shapes() if n not in member or fuse[member[n]][0] == n]
   t0, staged = time.monotonic(), dict(hostmem.stats)
   pc = PlanesCache(cache_dir, f) if cache_dir is not None else None
   cached = pc.read() if pc is not None else None
   if pc is not None and cached is None: pc.begin()
   for n, name in enumerate(names):
-    info = f.tensors[name]
+    parts = [f.tensors[m] for m in fuse.get(name, [name])]
+    info = parts[0]
     if len(info.shape) == 1:  # norms and rope factors: small, kept as float32
       raw = f.raw(name)
       vals = raw.reshape(-1).view(np.float32) if info.qtype == QT.F32 else gguf.quants.dequantize(np.asarray(raw).reshape(-1), info.qtype)
       out[name] = Tensor(np.array(vals, dtype=np.float32), device=device).realize()
     else:
-      planes = cached[name] if cached is not None else repack(f.raw(name), info.qtype, info.shape[0], info.shape[1])
+      if cached is not None: planes = cached[name]
+      else:
+        each = [repack(f.raw(t.name), t.qtype, t.shape[0], t.shape[1]) for t in parts]
+        planes = each[0] if len(each) == 1 else {k: np.concatenate([p[k] for p in each]) for k in each[0]}  # planes are per row
       if pc is not None and cached is None: pc.put(name, planes)
-      out[name] = QuantWeight(info.qtype, info.shape[0], info.shape[1], {k: Tensor(v, device=device) for k, v in planes.items()})
+      rows = [t.shape[0] for t in parts]
+      out[name] = QuantWeight(info.qtype, sum(rows), info.shape[1], {k: Tensor(v, device=device) for k, v in planes.items()},
+                              tuple(rows) if name in fuse else ())
       Tensor.realize(*out[name].planes.values())
     log.progress("loading weights" + (" (cached planes)" if cached is not None else ""), n + 1, len(names), t0)
   if pc is not None and cached is None: pc.commit()

@@ -6,7 +6,7 @@ logits of the last position. start_pos (and T for prefill) may be symbolic tinyg
 that one compiled graph serves every position.
 
 Layout choices that keep the decode step to few kernels:
-- Q/K/V are one matrix, gate/up are one matrix (rows concatenated at load, when their types match);
+- Q/K/V are one matrix, gate/up are one matrix (rows concatenated by the loader, when their types match: FUSED);
 - each RMSNorm is a scalar factor computed once and applied to the input of the next matvec;
 - SiLU(gate) * up is computed once into a buffer that the down projection reads;
 - attention reads keys in blocks of a constant size, and its denominator comes out of the product with V.
@@ -54,13 +54,27 @@ def softmax_numerator(scores: Tensor, nb, pos: Tensor, qpos: Tensor, scale: floa
   scores = (kpos <= qpos.unsqueeze(-1)).where(scores * scale, float("-inf"))
   return (scores - scores.max((-2, -1), keepdim=True)).exp()
 
+# weight matrices of one input that run as one product: name of the fused weight -> the matrices it stacks
+FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}
+
+def fused_groups(cfg: ModelConfig, types: dict) -> dict[str, list[str]]:
+  """Fused tensor name -> its members' names, for the groups whose members share one type (tensor name -> type):
+  the loader stacks their quantized rows on the host, so the device holds each matrix once, in one buffer."""
+  out = {}
+  for i in range(cfg.n_layers):
+    for fused, parts in FUSED.items():
+      names = [f"blk.{i}.{m}.weight" for m in parts]
+      if len({types[n] for n in names}) == 1: out[f"blk.{i}.{fused}.weight"] = names
+  return out
+
 class Fused:
-  """Several weight matrices of one input applied as one matvec when their types allow, split after."""
-  def __init__(self, ws: list[QuantWeight]):
-    self.sizes = [w.rows for w in ws]
-    self.parts = [QuantWeight.concat(ws)] if len({w.qtype for w in ws}) == 1 else ws
+  """Matrices of one input (FUSED[name]) applied as one matvec and split after, where the loader stacked them;
+  one by one where their types differ."""
+  def __init__(self, w: dict, prefix: str, name: str):
+    if (f := w.get(prefix + name + ".weight")) is not None: self.parts, self.sizes = [f], list(f.splits)
+    else: self.parts, self.sizes = [w[prefix + m + ".weight"] for m in FUSED[name]], None
   def __call__(self, x: Tensor) -> list[Tensor]:
-    if len(self.parts) == 1: return list(self.parts[0](x).split(self.sizes, dim=-1))
+    if self.sizes: return list(self.parts[0](x).split(self.sizes, dim=-1))
     return [w(x) for w in self.parts]
 
 class Block:
@@ -68,9 +82,9 @@ class Block:
     p = f"blk.{i}."
     self.cfg = cfg
     self.attn_norm, self.ffn_norm = w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"]
-    self.qkv = Fused([w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"]])
+    self.qkv = Fused(w, p, "attn_qkv")
     self.wo, self.down = w[p + "attn_output.weight"], w[p + "ffn_down.weight"]
-    self.gate_up = Fused([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]])
+    self.gate_up = Fused(w, p, "ffn_gate_up")
     if cfg.qk_norm: self.q_norm, self.k_norm = w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"]
     # zeros, not empty: masked positions of the last block are read (and multiplied by 0), so they must be finite
     self.cache = Tensor.zeros(2, cfg.n_kv_heads, kv_capacity(max_context), cfg.head_dim, dtype=dtypes.float16, device=device).contiguous().realize()

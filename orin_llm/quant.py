@@ -200,17 +200,11 @@ class QuantWeight:
   rows: int
   cols: int
   planes: dict[str, Tensor]
+  splits: tuple[int, ...] = ()  # a fused weight (loader.load_weights): the row counts of the matrices it stacks
 
   @staticmethod
   def from_raw(raw: np.ndarray, qtype: QT, rows: int, cols: int, device: str) -> "QuantWeight":
     return QuantWeight(qtype, rows, cols, {k: Tensor(v, device=device) for k, v in repack(raw, qtype, rows, cols).items()})
-
-  @staticmethod
-  def concat(ws: list["QuantWeight"]) -> "QuantWeight":
-    """Stacks weights of one type along rows (fused Q/K/V or gate/up): planes are per row, so rows concatenate."""
-    assert len({(w.qtype, w.cols) for w in ws}) == 1
-    planes = {k: ws[0].planes[k].cat(*[w.planes[k] for w in ws[1:]], dim=0).contiguous().realize() for k in ws[0].planes}
-    return QuantWeight(ws[0].qtype, sum(w.rows for w in ws), ws[0].cols, planes)
 
   def nbytes(self) -> int: return sum(p.nbytes() for p in self.planes.values())
   def weights(self) -> Tensor: return dequantize(self.planes, self.qtype)
