@@ -5,7 +5,8 @@ set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD DEV=CUDA PYTHONUNBUFFERED=1 BEAM_MP_CTX=fork  # fork: BEAM workers skip re-importing tinygrad (patch 0001)
 M=/tmp/llama1b-q6k.gguf
-[ -f $M ] || { time python3 -m orin_llm synth --preset llama-3.2-1b --type Q6_K --vocab .dev/ggml-vocab-llama-bpe.gguf -o $M; }
+[ -f /tmp/vocab.gguf ] || xz -dc .dev/vocab.gguf.xz > /tmp/vocab.gguf  # carried compressed: the carry is capped at 64 MiB
+[ -f $M ] || { time python3 -m orin_llm synth --preset llama-3.2-1b --type Q6_K --vocab /tmp/vocab.gguf -o $M; }
 # tinygrad's kernel cache (BEAM results included): brought along from the last run, sent back after this one
 export CACHEDB=/tmp/beam.db
 [ -f .dev/beam.db.xz ] && [ ! -f $CACHEDB ] && xz -dc .dev/beam.db.xz > $CACHEDB
