@@ -15,6 +15,7 @@ from orin_llm.gguf_file import GGUFFile
 from orin_llm.quant import QuantWeight, repack
 from orin_llm import hostmem, log
 
+UPLOAD_BATCH = 256 << 20
 FORMAT = 2  # bump when repack's output changes (2: fused weights stored stacked)
 ALIGN = 4096
 
@@ -105,13 +106,21 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, device: str, cache_dir=None, fus
   pc = PlanesCache(cache_dir, f) if cache_dir is not None else None
   cached = pc.read() if pc is not None else None
   if pc is not None and cached is None: pc.begin()
+  # uploads are realized together, up to UPLOAD_BATCH bytes at a time: one scheduling for many copies (tinygrad's
+  # per-realize host work was most of a cached load), while the host holds only that much of repacked planes
+  pending, pending_bytes = [], 0
+  def flush():
+    nonlocal pending, pending_bytes
+    if pending: Tensor.realize(*pending)
+    pending, pending_bytes = [], 0
   for n, name in enumerate(names):
     parts = [f.tensors[m] for m in fuse.get(name, [name])]
     info = parts[0]
     if len(info.shape) == 1:  # norms and rope factors: small, kept as float32
       raw = f.raw(name)
       vals = raw.reshape(-1).view(np.float32) if info.qtype == QT.F32 else gguf.quants.dequantize(np.asarray(raw).reshape(-1), info.qtype)
-      out[name] = Tensor(np.array(vals, dtype=np.float32), device=device).realize()
+      out[name] = Tensor(np.array(vals, dtype=np.float32), device=device)
+      pending.append(out[name])
     else:
       if cached is not None: planes = cached[name]
       else:
@@ -121,7 +130,9 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, device: str, cache_dir=None, fus
       rows = [t.shape[0] for t in parts]
       out[name] = QuantWeight(info.qtype, sum(rows), info.shape[1], {k: Tensor(v, device=device) for k, v in planes.items()},
                               tuple(rows) if name in fuse else ())
-      Tensor.realize(*out[name].planes.values())
+      pending += out[name].planes.values()
+      pending_bytes += sum(v.nbytes for v in planes.values())
+    if pending_bytes >= UPLOAD_BATCH or n == len(names) - 1: flush()
     log.progress("loading weights" + (" (cached planes)" if cached is not None else ""), n + 1, len(names), t0)
   if pc is not None and cached is None: pc.commit()
   log.info(f"host staging: {hostmem.summary(staged)}")

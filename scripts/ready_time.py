@@ -3,7 +3,7 @@
 one streamed completion: time to first token and the decode speed of its first 32 tokens. Run it
 twice on the same cache directory for the cold and the prewarmed figure (issue: prewarmed kernel cache).
   ready_time.py MODEL --cache DIR [--beam N] [--port P] [--context N]"""
-import argparse, json, os, signal, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, signal, subprocess, sys, tempfile, threading, time, urllib.request
 
 ap = argparse.ArgumentParser(); ap.add_argument("model"); ap.add_argument("--cache", required=True)
 ap.add_argument("--beam", type=int, default=2); ap.add_argument("--port", type=int, default=18080)
@@ -17,7 +17,11 @@ base = f"http://127.0.0.1:{a.port}"
 # a SIGTERM (from `timeout`) must still stop the server below, or it keeps the port for the next run
 signal.signal(signal.SIGTERM, lambda *_: sys.exit("ready_time: terminated"))
 t0 = time.monotonic()
-proc = subprocess.Popen([sys.executable, "-m", "orin_llm", "serve", "--config", cfg.name], stderr=open(os.path.join(a.cache, "serve.log"), "a"))
+proc = subprocess.Popen([sys.executable, "-m", "orin_llm", "serve", "--config", cfg.name], stderr=subprocess.PIPE)
+def copy_log():  # the server's log lines, stamped with seconds since its start: where the start-up goes
+  with open(os.path.join(a.cache, "serve.log"), "a") as f:
+    for line in proc.stderr: f.write(f"[{time.monotonic() - t0:7.2f}] {line.decode(errors='replace')}"); f.flush()
+threading.Thread(target=copy_log, daemon=True).start()
 health = None
 try:
   while time.monotonic() - t0 < a.timeout:
