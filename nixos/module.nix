@@ -443,15 +443,13 @@ in
           );
           ExecStart =
             if cfg.kernelCache.prewarm then
+              # the server's own config: same model, context, BEAM width and cache directory, so that
+              # the kernel database and the captured steps it fills are the ones the server loads
               lib.escapeShellArgs [
                 (lib.getExe cfg.package)
                 "prewarm"
-                "--model"
-                "${cfg.model}"
-                "--beam"
-                (toString cfg.beam.width)
-                "--cache"
-                cfg.kernelCache.directory
+                "--config"
+                "${configFile}"
               ]
             else
               "${pkgs.coreutils}/bin/true";

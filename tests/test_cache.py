@@ -89,6 +89,22 @@ print(json.dumps(COUNTER.snapshot() | {{"steps": str(eng.steps_file)}}))
   # the steps prewarm captured are loaded (step_cache.py); the few kernels outside them come from the database
   assert c["path"] == str(db) and c["misses"] == 0 and c["hits"] > 0 and c["steps"].startswith(str(tmp_path / "steps-")), c
 
+def test_prewarm_from_the_server_config(tiny, tmp_path):
+  """`prewarm --config` (the NixOS prewarm unit) fills what a server of that config loads: its context's steps."""
+  cache = tmp_path / "kc"
+  conf = tmp_path / "orin-llm.toml"
+  conf.write_text(f'model = "{tiny}"\ncontext_length = 80\n[beam]\nwidth = 0\n[kernel_cache]\ndirectory = "{cache}"\n')
+  env = {**os.environ, "DEV": "CPU", "PYTHONPATH": str(ROOT)}
+  env.pop("BEAM", None)
+  out = subprocess.run([sys.executable, "-m", "orin_llm", "prewarm", "--config", str(conf)], capture_output=True, text=True, env=env, timeout=900)
+  assert out.returncode == 0, out.stderr
+  assert pathlib.Path(out.stdout.strip().splitlines()[-1]).parent == cache and "-beam0.db" in out.stdout
+  from orin_llm.engine import Engine
+  from orin_llm import step_cache
+  eng = Engine(tiny, max_context=80, cache=cache)  # what `serve --config` loads
+  assert eng.steps_file == step_cache.path_for(eng) and eng.steps_file.exists()
+  assert step_cache.path_for(Engine(tiny, max_context=96, cache=cache)) != eng.steps_file  # another context: other steps
+
 def test_repack_fast_path_matches_elementwise():
   """The byte-wise repack of Q4_K/Q5_K/Q6_K/Q8_0 equals the element-wise definition (random blocks)."""
   from orin_llm import quant

@@ -154,7 +154,8 @@ def test_module_defaults(nix_env):
   assert "orin-llm-prewarm.service" in srv["after"] and "orin-llm-prewarm.service" in srv["requires"]
   psc = pre["serviceConfig"]
   assert psc["Type"] == "oneshot" and psc["RemainAfterExit"] is True
-  assert psc["ExecStart"].endswith("/bin/orin-llm prewarm --model /var/lib/orin-llm/Llama-3.2-1B-Instruct-Q6_K.gguf --beam 2 --cache /var/cache/orin-llm")
+  # prewarm reads the server's own config file: the same model, context, BEAM width and cache directory
+  assert psc["ExecStart"] == sc["ExecStart"].replace(" serve --config ", " prewarm --config "), psc["ExecStart"]
   assert pre["environment"] == env
   assert out["sysctl"] == {"vm.nr_hugepages": 1024}
   assert out["settings"] == {"model": "/var/lib/orin-llm/Llama-3.2-1B-Instruct-Q6_K.gguf", "host": "127.0.0.1", "port": 8080,
