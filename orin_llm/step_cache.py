@@ -47,6 +47,18 @@ def path_for(eng) -> pathlib.Path | None:
   h = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
   return eng.kernel_db.parent / f"steps-{h}.pkl"
 
+def scratch_bytes(eng) -> dict:
+  """(kind, greedy) -> bytes of device memory a captured step holds beside the engine's state: its scratch
+  (the JIT's memory planner puts it in one arena per step)."""
+  from tinygrad.uop.ops import Ops, buffers
+  state, out = set(_buffer_uops(eng)), {}
+  for key, j in eng._jits.items():
+    if j.captured is None: continue
+    bases = {id(b.base): b.base.nbytes for u in j.captured.linear.toposort()
+             if u.op is Ops.BUFFER and u.arg.device is not None and u not in state and (b := buffers.get(u)) is not None}
+    out[key] = sum(bases.values())
+  return out
+
 # ------------------------------------------------------------------ writing
 
 def _buffer_uops(eng) -> dict:
@@ -144,5 +156,6 @@ def try_save(eng) -> pathlib.Path | None:
     log.info(f"captured steps: not kept ({type(e).__name__}: {e})")
     return None
   eng.steps_file = path
-  log.info(f"captured steps: {len(eng._jits)} kept in {path} ({size / 2**20:.1f} MiB, {time.monotonic() - t0:.1f} s)")
+  log.info(f"captured steps: {len(eng._jits)} kept in {path} ({size / 2**20:.1f} MiB, {time.monotonic() - t0:.1f} s; "
+           f"their scratch on the device: {sum(scratch_bytes(eng).values()) / 2**20:.0f} MiB)")
   return path

@@ -151,6 +151,12 @@ def test_matmul_prefill_matches_reference(model, rng, monkeypatch, rows):
   logits = ref.step(prompt[-1])
   next(iter(eng.generate(prompt, 1)))
   assert rel_err(eng.logits.numpy(), logits) < 1e-2  # float16 activations: llama.cpp's precision too
+  # one float16 copy of a matrix at a time: the dequantization is ordered after the matrix's input, so that the
+  # JIT's planner reuses its scratch (unordered, every copy was made up front: the whole model in float16)
+  from orin_llm.step_cache import scratch_bytes
+  from orin_llm.quant import QuantWeight
+  fp16 = [2 * w.rows * w.cols for n, w in eng.weights.items() if isinstance(w, QuantWeight) and n.startswith("blk.")]
+  assert scratch_bytes(eng)[("prefill", None)] < sum(fp16) / 2, (scratch_bytes(eng), sum(fp16))
   got = list(eng.generate(prompt, 6))  # the prompt's keys and values reused, the last token run again
   for i, tok in enumerate(got):
     best = int(np.argmax(logits))
