@@ -2,7 +2,7 @@
 """One quantized matvec alone, timed on the device: each variant of the int->float conversion
 (orin_llm.quant.int_to_float), under the BEAM setting of the environment. Several weight copies are
 rotated so that the timing is of device memory, not of L2.
-  matvec_bench.py [--type Q6_K] [--rows 16384] [--cols 2048] [--iters 200]"""
+  matvec_bench.py [--type Q6_K] [--rows 16384] [--cols 2048] [--iters 200] [--variants cast,magic]"""
 import argparse, time
 import numpy as np
 from gguf import GGMLQuantizationType as QT
@@ -14,12 +14,13 @@ def cast(u: Tensor) -> Tensor: return u.cast(dtypes.float32)  # I2F: a quarter o
 
 ap = argparse.ArgumentParser(); ap.add_argument("--type", default="Q6_K"); ap.add_argument("--rows", type=int, default=16384)
 ap.add_argument("--cols", type=int, default=2048); ap.add_argument("--iters", type=int, default=200); ap.add_argument("--copies", type=int, default=6)
+ap.add_argument("--variants", default="cast,magic", help="conversions to time (comma-separated): cast, magic (the model's)")
 a = ap.parse_args()
 qt, rng = QT[a.type], np.random.default_rng(0)
 raws = [random_blocks(rng, qt, a.rows * a.cols) for _ in range(a.copies)]
 x = Tensor(rng.normal(size=(1, a.cols)).astype(np.float32)).realize()
 ref = None
-for name, conv in (("cast", cast), ("magic", quant.int_to_float)):
+for name, conv in [v for v in (("cast", cast), ("magic", quant.int_to_float)) if v[0] in a.variants.split(",")]:
   quant.int_to_float = conv
   ws = [quant.QuantWeight.from_raw(r, qt, a.rows, a.cols, Device.DEFAULT) for r in raws]
   nbytes = ws[0].nbytes()
