@@ -15,7 +15,13 @@ def cast(u: Tensor) -> Tensor: return u.cast(dtypes.float32)  # I2F: a quarter o
 ap = argparse.ArgumentParser(); ap.add_argument("--type", default="Q6_K"); ap.add_argument("--rows", type=int, default=16384)
 ap.add_argument("--cols", type=int, default=2048); ap.add_argument("--iters", type=int, default=200); ap.add_argument("--copies", type=int, default=6)
 ap.add_argument("--variants", default="cast,magic", help="conversions to time (comma-separated): cast, magic (the model's)")
+ap.add_argument("--split", type=int, default=1, help="the reduction split into this many partial sums, summed by a second kernel")
 a = ap.parse_args()
+if a.split > 1:  # split-K: rows x split independent partial sums (more parallel work for few rows), then a small sum
+  def split_call(self, x):
+    w = self.weights().reshape(self.rows, a.split, self.cols // a.split)
+    return (x.reshape(x.shape[0], 1, a.split, self.cols // a.split) * w).sum(-1).contiguous().sum(-1)
+  quant.QuantWeight.__call__ = split_call
 qt, rng = QT[a.type], np.random.default_rng(0)
 raws = [random_blocks(rng, qt, a.rows * a.cols) for _ in range(a.copies)]
 x = Tensor(rng.normal(size=(1, a.cols)).astype(np.float32)).realize()
@@ -40,4 +46,4 @@ for name, conv in [v for v in (("cast", cast), ("magic", quant.int_to_float)) if
   Device[Device.DEFAULT].synchronize()
   us = 1e6 * (time.perf_counter() - t0) / (a.iters // len(ws) * len(ws))
   err = float(np.abs(y - ref).max() / np.abs(ref).max())
-  print(f"{a.type} {a.rows}x{a.cols} {name:6s}: {us:7.1f} us/matvec, {nbytes / us / 1e3:6.0f} GB/s ({nbytes / 2**20:.1f} MiB), compile {compile_s:.0f} s, max rel diff vs cast {err:.1e}")
+  print(f"{a.type} {a.rows}x{a.cols} split {a.split} {name:6s}: {us:7.1f} us/matvec, {nbytes / us / 1e3:6.0f} GB/s ({nbytes / 2**20:.1f} MiB), compile {compile_s:.0f} s, max rel diff vs cast {err:.1e}")

@@ -32,6 +32,9 @@ try:
     except Exception: pass
     time.sleep(0.2)
   ready = time.monotonic() - t0
+  if health is None:  # a cold start still searching: say so, and no request
+    print(json.dumps({"ready_s": None, "not_ready_after_s": round(ready, 1)}))
+    sys.exit(1)
   body = json.dumps({"prompt": "The history of the city begins", "max_tokens": 64, "temperature": 0, "stream": True}).encode()
   req = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
   t1, stamps = time.monotonic(), []
