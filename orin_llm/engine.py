@@ -69,6 +69,7 @@ class Engine:
     # the steps a start with this cache captured before (step_cache.py): nothing to schedule or capture
     from orin_llm import step_cache
     self.steps_file = step_cache.try_load(self)
+    self.steps_loaded = self.steps_file is not None
     self.load_seconds = time.monotonic() - t0
     log.info(f"loaded {os.path.basename(str(path))}: {self.cfg.arch}, {self.cfg.n_layers} layers, dim {self.cfg.dim}, "
              f"context {self.max_context}, {self.weight_bytes() / 2**20:.0f} MiB of weights + {self.kv_bytes() / 2**20:.0f} MiB KV cache "

@@ -22,10 +22,12 @@ ALIGN = 4096
 class PlanesCache:
   """planes-<key>.bin (planes back to back, each ALIGN-aligned) and planes-<key>.json (the index,
   written last: a file without its index is an unfinished write and is ignored)."""
-  def __init__(self, directory, f: GGUFFile):
+  def __init__(self, directory, f: GGUFFile, fuse: dict[str, list[str]] | None = None):
     st = f.path.stat()
     with open(f.path, "rb") as fh: header = hashlib.sha256(fh.read(f.data_start)).hexdigest()
-    self.ident = {"format": FORMAT, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "header": header}
+    # the fusion decides which names the index holds (a stacked group or its members)
+    fused = hashlib.sha256(json.dumps(sorted((fuse or {}).items())).encode()).hexdigest()[:16]
+    self.ident = {"format": FORMAT, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "header": header, "fuse": fused}
     key = hashlib.sha256(json.dumps(self.ident, sort_keys=True).encode()).hexdigest()[:16]
     self.dir = pathlib.Path(directory)
     self.bin, self.index = self.dir / f"planes-{key}.bin", self.dir / f"planes-{key}.json"
@@ -94,6 +96,20 @@ class PlanesCache:
     self._out = None
     pathlib.Path(self._tmp).unlink(missing_ok=True)
 
+def _stack(each: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  """The planes of matrices of one type stacked by rows (planes are per row), in one hostmem staging buffer."""
+  offs, total = {}, 0
+  for k, p in each[0].items():
+    offs[k] = total
+    total += -(-sum(e[k].nbytes for e in each) // 64) * 64
+  buf = hostmem.empty(total)
+  out = {}
+  for k, p in each[0].items():
+    shape = (sum(e[k].shape[0] for e in each),) + p.shape[1:]
+    out[k] = buf[offs[k]:offs[k] + int(np.prod(shape)) * p.dtype.itemsize].view(p.dtype).reshape(shape)
+    np.concatenate([e[k] for e in each], out=out[k])
+  return out
+
 def load_weights(f: GGUFFile, cfg: ModelConfig, device: str, cache_dir=None, fuse: dict[str, list[str]] | None = None) -> dict:
   """Name -> QuantWeight (matrices) or float32 Tensor (vectors), on the device. fuse: fused name -> matrices of one
   type (model.fused_groups) uploaded as one QuantWeight, their rows stacked here on the host, in place of them."""
@@ -103,11 +119,11 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, device: str, cache_dir=None, fus
   # a fused weight is loaded where its first member would be
   names = [member.get(n, n) for n in cfg.tensor_shapes() if n not in member or fuse[member[n]][0] == n]
   t0, staged = time.monotonic(), dict(hostmem.stats)
-  pc = PlanesCache(cache_dir, f) if cache_dir is not None else None
+  pc = PlanesCache(cache_dir, f, fuse) if cache_dir is not None else None
   cached = pc.read() if pc is not None else None
   if pc is not None and cached is None: pc.begin()
-  # uploads are realized together, up to UPLOAD_BATCH bytes at a time: one scheduling for many copies (tinygrad's
-  # per-realize host work was most of a cached load), while the host holds only that much of repacked planes
+  # uploads from the planes cache (mapped pages, no staging) are realized together, up to UPLOAD_BATCH bytes at a
+  # time: one scheduling for many copies (tinygrad's per-realize host work was most of a cached load)
   pending, pending_bytes = [], 0
   def flush():
     nonlocal pending, pending_bytes
@@ -125,14 +141,15 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, device: str, cache_dir=None, fus
       if cached is not None: planes = cached[name]
       else:
         each = [repack(f.raw(t.name), t.qtype, t.shape[0], t.shape[1]) for t in parts]
-        planes = each[0] if len(each) == 1 else {k: np.concatenate([p[k] for p in each]) for k in each[0]}  # planes are per row
+        planes = each[0] if len(each) == 1 else _stack(each)
       if pc is not None and cached is None: pc.put(name, planes)
       rows = [t.shape[0] for t in parts]
       out[name] = QuantWeight(info.qtype, sum(rows), info.shape[1], {k: Tensor(v, device=device) for k, v in planes.items()},
                               tuple(rows) if name in fuse else ())
       pending += out[name].planes.values()
       pending_bytes += sum(v.nbytes for v in planes.values())
-    if pending_bytes >= UPLOAD_BATCH or n == len(names) - 1: flush()
+    # repacked planes live in hostmem staging, one matrix at a time as hostmem's reservation assumes (README.md)
+    if pending_bytes >= UPLOAD_BATCH or cached is None or n == len(names) - 1: flush()
     log.progress("loading weights" + (" (cached planes)" if cached is not None else ""), n + 1, len(names), t0)
   if pc is not None and cached is None: pc.commit()
   log.info(f"host staging: {hostmem.summary(staged)}")

@@ -23,20 +23,26 @@ def warm_up(eng, beat=lambda: None, progress: bool = False):
   variables' midpoints, whatever the prompt."""
   from orin_llm.sampling import Sampling
   from orin_llm import kernel_cache
+  from orin_llm import step_cache
   prompt = warm_up_prompt(eng)
   steps = [(s, i) for s in (Sampling(), Sampling(1.0, 40, 0.9, 0)) for i in range(2)]  # the second: replays only
   t0 = time.monotonic()
   for k, (s, i) in enumerate(steps):
     beat()
     eng.cached = []  # from scratch each time: prefill runs all its chunks
-    for _ in eng.generate(prompt, 4, s): pass
+    try:
+      for _ in eng.generate(prompt, 4, s): pass
+    except Exception as e:  # steps loaded from a file that do not run here: captured anew, the file rewritten
+      if not eng.steps_loaded: raise
+      step_cache.discard(eng, f"{type(e).__name__}: {e}")
+      eng.cached = []
+      for _ in eng.generate(prompt, 4, s): pass
     if progress:
       c = kernel_cache.COUNTER
       log.info(f"prewarm: {k + 1}/{len(steps)} {'greedy' if s.greedy else 'sampled'} prefill+decode, "
                f"{time.monotonic() - t0:.1f} s, kernels {c.hits} cached, {c.compiled} compiled, {c.searched} BEAM-searched")
   eng.cached = []
   # a later start loads the captured steps rather than capturing them again (step_cache.py)
-  from orin_llm import step_cache
   step_cache.try_save(eng)
 
 def add_parser(sub):
@@ -54,11 +60,12 @@ def add_parser(sub):
 
 def cmd_prewarm(args):
   from orin_llm.errors import OrinError
-  if args.config:  # the server's settings, where no flag gives them
+  if args.config:  # the server's settings, where no flag gives them, applied to tinygrad as `serve` applies them
     from orin_llm.server.config import from_toml
+    from orin_llm.server.cli import tinygrad_settings
     cfg = from_toml(args.config)
+    tinygrad_settings(cfg)  # [beam] width (when set) and workers, hugepages
     if args.model is None: args.model = cfg.model
-    if args.beam is None: args.beam = cfg.beam_width
     if args.cache is None: args.cache = cfg.kernel_cache_directory
     if args.context is None: args.context = cfg.context_length
     if args.shipped is None: args.shipped = cfg.kernel_cache_shipped

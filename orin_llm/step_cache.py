@@ -24,14 +24,16 @@ from __future__ import annotations
 import dataclasses, hashlib, io, os, pathlib, pickle, sys, tempfile, time
 from orin_llm import log
 
-FORMAT = 1
+FORMAT = 2  # 2: a scratch buffer is one UOp at load, however often the steps name it
 
 def state_tensors(eng) -> dict[str, "Tensor"]:
-  """Name -> every realized Tensor the engine holds outside its steps: weights (and the fused copies the
-  model makes of them), KV caches, position and rope tables, token, parameter and logits buffers."""
+  """Name -> every realized Tensor the engine holds outside its steps: weights, KV caches, position and rope
+  tables, token, parameter and logits buffers."""
+  from tinygrad import Tensor
   from tinygrad.nn.state import get_state_dict
+  # the engine's own Tensors only: walking all of vars(eng) walked the GGUF's vocabulary too (0.26 s a call)
   sd = get_state_dict({"model": eng.model, "weights": eng.weights,
-                       "engine": {k: v for k, v in vars(eng).items() if k not in ("model", "weights", "_jits")}})
+                       "engine": {k: v for k, v in vars(eng).items() if isinstance(v, Tensor)}})
   return {k: t for k, t in sd.items() if t.uop.base.op.name == "BUFFER"}
 
 def _source_hash() -> str:
@@ -68,20 +70,22 @@ def _buffer_uops(eng) -> dict:
 class _Pickler(pickle.Pickler):
   def __init__(self, f, state: dict, written: set):
     super().__init__(f, protocol=5)
-    self.state, self.written, self.bases = state, written, {}
+    self.state, self.written, self.bases, self.uids = state, written, {}, {}
   def persistent_id(self, obj):
     from tinygrad.uop.ops import UOp, Ops, buffers
     # device buffers only: kernels' own code holds BUFFER UOps of registers and local memory too
     if type(obj) is not UOp or obj.op is not Ops.BUFFER or obj.arg.device is None: return None
     if (name := self.state.get(obj)) is not None: return ("state", name, obj.arg.dtype, buffers[obj].size)
     if obj not in self.written: raise ValueError(f"a step reads a buffer that is neither engine state nor written by a step: {obj.arg}")
-    # the UOp's fields but its id (slot), which the loading process gives afresh
+    # the UOp's fields but its id (slot), which the loading process gives afresh; uid: one UOp there for each here
+    # (pickle memoizes no persistent ids), the UOp kept alive until the dump ends so that its id() stays its own
+    uid = self.uids.setdefault(id(obj), (len(self.uids), obj))[0]
     fields = (obj.dtype, obj.src, {f.name: getattr(obj.arg, f.name) for f in dataclasses.fields(obj.arg) if f.name != "slot"}, obj.tag)
-    if (buf := buffers.get(obj)) is None: return ("scratch", fields, None)
+    if (buf := buffers.get(obj)) is None: return ("scratch", uid, fields, None)
     base = buf.base
     bid = self.bases.setdefault(id(base), (len(self.bases), base))[0]  # the base kept alive until the dump ends
-    return ("scratch", fields, (bid, base.device, base.size, base.dtype, base.options, buf.size, buf.dtype,
-                                buf.offset if buf._base is not None else None))
+    return ("scratch", uid, fields, (bid, base.device, base.size, base.dtype, base.options, buf.size, buf.dtype,
+                                     buf.offset if buf._base is not None else None))
 
 def save(eng, path: str | os.PathLike) -> int:
   """Writes the engine's captured steps to path (atomically); returns the file's size."""
@@ -108,7 +112,7 @@ def save(eng, path: str | os.PathLike) -> int:
 class _Unpickler(pickle.Unpickler):
   def __init__(self, f, state: dict):
     super().__init__(f)
-    self.state, self.bases = state, {}
+    self.state, self.bases, self.uops = state, {}, {}
   def persistent_load(self, pid):
     from tinygrad.uop.ops import UOp, Ops, ParamArg, buffers
     from tinygrad.device import Buffer
@@ -117,8 +121,9 @@ class _Unpickler(pickle.Unpickler):
       if (u := self.state.get(name)) is None or u.arg.dtype != dtype or buffers[u].size != size:
         raise ValueError(f"the steps read {name} ({dtype}, {size}), which this engine holds " + ("not" if u is None else f"as ({u.arg.dtype}, {buffers[u].size})"))
       return u
-    _, (dtype, src, arg, tag), desc = pid
-    fresh = UOp(Ops.BUFFER, dtype, src, ParamArg(slot=next(UOp.unique_num), **arg), tag)
+    _, uid, (dtype, src, arg, tag), desc = pid
+    if uid in self.uops: return self.uops[uid]
+    fresh = self.uops[uid] = UOp(Ops.BUFFER, dtype, src, ParamArg(slot=next(UOp.unique_num), **arg), tag)
     if desc is not None:
       bid, dev, size, dtype, options, vsize, vdtype, offset = desc
       if bid not in self.bases: self.bases[bid] = Buffer(dev, size, dtype, options=options).allocate()
@@ -137,7 +142,11 @@ def load(eng, path: str | os.PathLike) -> dict:
 def try_load(eng) -> pathlib.Path | None:
   """Installs the engine's steps from its steps file and returns its path; None (and the engine captures
   its steps on first use) when there is none or it cannot be read."""
+  from tinygrad.helpers import JIT
   if (path := path_for(eng)) is None or not path.exists(): return None
+  if not JIT.value:  # JIT=0 runs every step uncompiled, which a loaded step cannot (it has only its capture)
+    log.info(f"captured steps: JIT=0, not using {path}")
+    return None
   t0 = time.monotonic()
   try: jits = load(eng, path)
   except Exception as e:
@@ -151,11 +160,20 @@ def try_save(eng) -> pathlib.Path | None:
   """Writes the engine's captured steps to its steps file, unless it has none or the file exists."""
   if (path := path_for(eng)) is None or path.exists() or not any(j.captured is not None for j in eng._jits.values()): return None
   t0 = time.monotonic()
-  try: size = save(eng, path)
+  try:
+    size = save(eng, path)
+    scratch = sum(scratch_bytes(eng).values())
   except Exception as e:
     log.info(f"captured steps: not kept ({type(e).__name__}: {e})")
     return None
   eng.steps_file = path
   log.info(f"captured steps: {len(eng._jits)} kept in {path} ({size / 2**20:.1f} MiB, {time.monotonic() - t0:.1f} s; "
-           f"their scratch on the device: {sum(scratch_bytes(eng).values()) / 2**20:.0f} MiB)")
+           f"their scratch on the device: {scratch / 2**20:.0f} MiB)")
   return path
+
+def discard(eng, why: str):
+  """Forgets loaded steps that failed to run: the engine captures its steps anew, and the file is rewritten."""
+  log.info(f"captured steps: {eng.steps_file} failed ({why}); capturing them anew")
+  if eng.steps_file is not None: pathlib.Path(eng.steps_file).unlink(missing_ok=True)
+  eng._jits.clear()
+  eng.steps_file, eng.steps_loaded = None, False

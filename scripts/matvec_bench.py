@@ -2,7 +2,7 @@
 """One quantized matvec alone, timed on the device: each variant of the int->float conversion
 (orin_llm.quant.int_to_float), under the BEAM setting of the environment. Several weight copies are
 rotated so that the timing is of device memory, not of L2.
-  matvec_bench.py [--type Q6_K] [--rows 16384] [--cols 2048] [--iters 200] [--variants cast,magic]"""
+  matvec_bench.py [--type Q6_K] [--rows 16384] [--cols 2048] [--iters 200] [--variants cast,magic] [--split N]"""
 import argparse, time
 import numpy as np
 from gguf import GGMLQuantizationType as QT

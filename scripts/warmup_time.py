@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Where a start-up's seconds go once every kernel is cached: the engine's load, then each generation of the
 server's warm-up (orin_llm.prewarm.warm_up: greedy and sampled, prefill + decode), timed one by one. Run it
-twice on one cache directory; the second run's figures are a prewarmed start's. The first generation of a
+twice on one cache directory; the second run's figures are those of a start with every kernel cached. It writes no
+steps file (step_cache.py): without one in the directory it measures their capture, which that file saves; with one
+(from prewarm or a server) it measures a prewarmed start. The first generation of a
 variant is the one that schedules and captures its steps (host work, whatever the device).
   warmup_time.py MODEL --cache DIR [--context 704] [--tiny16 VOCAB.gguf]
 --tiny16 makes MODEL first if it is missing: tiny-llama with 16 layers (the 1B's kernel count per step at a

@@ -26,10 +26,10 @@ toks = list(eng.generate(a["prompt"], a["n"]))
 print(json.dumps({"tokens": toks, "logits": eng.logits.numpy().tolist(), "steps": str(eng.steps_file)}))
 """
 
-def run(model, cache, prompt, n):
+def run(model, cache, prompt, n, **env):
   arg = json.dumps({"model": str(model), "cache": str(cache), "context": CONTEXT, "chunk": CHUNK, "prompt": prompt, "n": n})
   r = subprocess.run([sys.executable, "-c", RUN, arg], capture_output=True, text=True, timeout=900,
-                     env={**os.environ, "DEV": "CPU", "BEAM": "0", "PYTHONPATH": str(ROOT)})
+                     env={**os.environ, "DEV": "CPU", "BEAM": "0", "PYTHONPATH": str(ROOT), **env})
   assert r.returncode == 0, r.stderr
   return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
 
@@ -64,6 +64,10 @@ def test_loaded_steps_match_reference(model, tmp_path, rng):
   out, log = run(model, tmp_path, prompt, 7)
   assert out["steps"] == str(path) and "loaded from" in log and "compiling the" not in log, log
   check_against_reference(model, prompt, out)
+  # JIT=0 runs every step uncompiled, which loaded steps cannot: the file is left alone
+  out, log = run(model, tmp_path, prompt, 3, JIT="0")
+  assert out["steps"] == "None" and "JIT=0" in log, log
+  check_against_reference(model, prompt, out)
   # graph and programs, not the weights: no plane's bytes are in the file
   data = path.read_bytes()
   for name in ("token_embd.weight", "blk.1.ffn_down.weight"):
@@ -95,3 +99,19 @@ def test_refuses_steps_that_read_unnamed_buffers(model, tmp_path, monkeypatch):
   with pytest.raises(ValueError, match="neither engine state nor written"):
     step_cache.save(eng, tmp_path / "x.pkl")
   assert step_cache.try_save(eng) is None and not step_cache.path_for(eng).exists()
+
+def test_loaded_steps_that_fail_are_captured_anew(model, tmp_path):
+  """A loaded step that raises when the warm-up runs it (a file that unpickles but does not fit this process) is
+  dropped: the warm-up captures the steps anew and rewrites the file."""
+  from orin_llm.prewarm import warm_up
+  warm_up(Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path))
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
+  path = eng.steps_file
+  assert eng.steps_loaded and path.exists()
+  class Broken:
+    def __call__(self, *a, **k): raise RuntimeError("does not run here")
+    captured = None
+  eng._jits[("decode", None)] = Broken()
+  warm_up(eng)
+  assert not eng.steps_loaded and eng.steps_file == path and path.exists()  # rewritten from the new capture
+  assert len(eng._jits) == 4 and all(not isinstance(j, Broken) and j.captured is not None for j in eng._jits.values())
