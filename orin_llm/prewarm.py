@@ -33,7 +33,7 @@ def warm_up(eng, beat=lambda: None, progress: bool = False):
     try:
       for _ in eng.generate(prompt, 4, s): pass
     except Exception as e:  # steps loaded from a file that do not run here: captured anew, the file rewritten
-      if not eng.steps_loaded: raise
+      if not getattr(eng, "steps_loaded", False): raise
       step_cache.discard(eng, f"{type(e).__name__}: {e}")
       eng.cached = []
       for _ in eng.generate(prompt, 4, s): pass
