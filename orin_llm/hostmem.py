@@ -74,6 +74,17 @@ def empty(nbytes: int) -> np.ndarray:
         _once("thp-fail", f"host staging: MADV_HUGEPAGE failed ({e}): plain pages")
   return _plain(nbytes)
 
+def arrays(specs: dict[str, tuple[tuple[int, ...], "np.dtype"]]) -> dict[str, np.ndarray]:
+  """Name -> an uninitialized array of (shape, dtype), all views of one buffer from empty() (64-byte aligned each):
+  one mapping per tensor's planes, so each falls back on its own, freed with its last view."""
+  offs, total = {}, 0
+  for name, (shape, dt) in specs.items():
+    offs[name] = total
+    total += -(-int(np.prod(shape)) * np.dtype(dt).itemsize // 64) * 64
+  buf = empty(total)
+  return {name: buf[offs[name]:offs[name] + int(np.prod(shape)) * np.dtype(dt).itemsize].view(dt).reshape(shape)
+          for name, (shape, dt) in specs.items()}
+
 def _plain(nbytes: int) -> np.ndarray:
   stats["plain"] += max(nbytes, 0)
   return np.empty(max(nbytes, 0), np.uint8)

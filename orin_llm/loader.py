@@ -98,16 +98,8 @@ class PlanesCache:
 
 def _stack(each: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
   """The planes of matrices of one type stacked by rows (planes are per row), in one hostmem staging buffer."""
-  offs, total = {}, 0
-  for k, p in each[0].items():
-    offs[k] = total
-    total += -(-sum(e[k].nbytes for e in each) // 64) * 64
-  buf = hostmem.empty(total)
-  out = {}
-  for k, p in each[0].items():
-    shape = (sum(e[k].shape[0] for e in each),) + p.shape[1:]
-    out[k] = buf[offs[k]:offs[k] + int(np.prod(shape)) * p.dtype.itemsize].view(p.dtype).reshape(shape)
-    np.concatenate([e[k] for e in each], out=out[k])
+  out = hostmem.arrays({k: ((sum(e[k].shape[0] for e in each),) + p.shape[1:], p.dtype) for k, p in each[0].items()})
+  for k, o in out.items(): np.concatenate([e[k] for e in each], out=o)
   return out
 
 def load_weights(f: GGUFFile, cfg: ModelConfig, device: str, cache_dir=None, fuse: dict[str, list[str]] | None = None) -> dict:

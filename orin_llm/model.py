@@ -18,7 +18,6 @@ from tinygrad import Tensor, UOp, dtypes
 from tinygrad.uop.ops import resolve
 from orin_llm.config import ModelConfig
 from orin_llm import quant
-from orin_llm.quant import QuantWeight
 
 # Keys are attended in blocks of KV_BLOCK positions: the attention's reductions then run over (blocks, KV_BLOCK)
 # with KV_BLOCK a constant that the kernel optimizer can spread over threads. Over the symbolic length

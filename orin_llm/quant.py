@@ -62,14 +62,8 @@ _FAST_PLANES = {
 }
 
 def _staging(n: int, spec) -> dict[str, np.ndarray]:
-  """The planes of n blocks as views of one host buffer from hostmem (huge pages where there are some):
-  one mapping per tensor, so each falls back on its own, and it is freed with its last plane."""
-  offs, total = [], 0
-  for _, width, dt in spec:
-    offs.append(total)
-    total += -(-n * width * np.dtype(dt).itemsize // 64) * 64  # 64-byte aligned planes
-  buf = hostmem.empty(total)
-  return {name: buf[o:o + n * width * np.dtype(dt).itemsize].view(dt).reshape(n, width) for (name, width, dt), o in zip(spec, offs)}
+  """The planes of n blocks as views of one host buffer from hostmem (huge pages where there are some)."""
+  return hostmem.arrays({name: ((n, width), dt) for name, width, dt in spec})
 
 def _repack_fast(b: np.ndarray, qtype: QT, planes: dict):
   """Q4_K, Q5_K, Q6_K, Q8_0 built byte-wise from the blocks, CHUNK blocks at a time, into

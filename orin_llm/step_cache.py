@@ -21,7 +21,7 @@ version and this package's source; a file of another key is never read, and one 
 is ignored (the engine captures as without it).
 """
 from __future__ import annotations
-import dataclasses, hashlib, io, os, pathlib, pickle, sys, tempfile, time
+import dataclasses, functools, hashlib, io, os, pathlib, pickle, sys, tempfile, time
 from orin_llm import log
 
 FORMAT = 2  # 2: a scratch buffer is one UOp at load, however often the steps name it
@@ -34,8 +34,10 @@ def state_tensors(eng) -> dict[str, "Tensor"]:
   # the engine's own Tensors only: walking all of vars(eng) walked the GGUF's vocabulary too (0.26 s a call)
   sd = get_state_dict({"model": eng.model, "weights": eng.weights,
                        "engine": {k: v for k, v in vars(eng).items() if isinstance(v, Tensor)}})
-  return {k: t for k, t in sd.items() if t.uop.base.op.name == "BUFFER"}
+  from tinygrad.uop.ops import Ops
+  return {k: t for k, t in sd.items() if t.uop.base.op is Ops.BUFFER}
 
+@functools.cache  # the package's source does not change under a running process
 def _source_hash() -> str:
   h = hashlib.sha256()
   for p in sorted(pathlib.Path(__file__).parent.rglob("*.py")): h.update(p.name.encode() + p.read_bytes())
@@ -89,7 +91,6 @@ class _Pickler(pickle.Pickler):
 
 def save(eng, path: str | os.PathLike) -> int:
   """Writes the engine's captured steps to path (atomically); returns the file's size."""
-  from tinygrad.uop.ops import UOp, Ops
   jits = {k: j for k, j in eng._jits.items() if j.captured is not None}
   written = set()
   for j in jits.values():
