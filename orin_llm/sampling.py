@@ -35,6 +35,12 @@ def uniform(n: int, seed: Tensor, pos: int | UOp) -> Tensor:
   bits = _hash(_hash(idx + key) + key)
   return ((bits >> 8).cast(dtypes.float32) + 0.5) * (1.0 / (1 << 24))
 
+def masked(logits: Tensor, words: Tensor) -> Tensor:
+  """logits (V,) with every token not allowed by words set to -inf. words (ceil(V/32),) uint32: token i is allowed
+  iff bit i % 32 of word i // 32 is set (llguidance's bitmask, copied as is: no unpacking on the host)."""
+  bits = (words.reshape(-1, 1) >> Tensor.arange(32, dtype=dtypes.uint32).reshape(1, 32)) & 1
+  return (bits.reshape(-1)[:logits.shape[0]] != 0).where(logits, float("-inf"))
+
 def greedy(logits: Tensor) -> Tensor: return logits.argmax().cast(dtypes.int32).reshape(1)
 
 def sample(logits: Tensor, params: Tensor, pos: int | UOp) -> Tensor:
