@@ -18,7 +18,7 @@ from tinygrad.helpers import GlobalCounters
 from orin_llm.errors import OrinError
 from orin_llm.loader import open_model, load_weights
 from orin_llm.model import Transformer, fused_groups
-from orin_llm.sampling import Sampling, greedy, sample
+from orin_llm.sampling import Sampling, greedy, masked, sample
 from orin_llm import log
 
 DEFAULT_CONTEXT = 4096
@@ -64,6 +64,9 @@ class Engine:
     self.v_len = UOp.variable("chunk_len", 1, self.chunk)
     self.v_next = UOp.variable("next_pos", 1, self.max_context)  # where a choice is written
     self.logits = Tensor.zeros(self.cfg.vocab_size, dtype=dtypes.float32, device=self.device).contiguous().realize()
+    # the allowed-token bitmask of a constrained request (structured.Constraint), read only by the masked choice
+    # steps; allocated here, not on first use, so that captured steps (step_cache) always find it
+    self.mask = Tensor.full(((self.cfg.vocab_size + 31) // 32,), 0xFFFFFFFF, dtype=dtypes.uint32, device=self.device).contiguous().realize()
     self._jits: dict[tuple[str, bool], TinyJit] = {}
     self.cached: list[int] = []  # tokens whose keys and values are in the cache, from position 0
     # the steps a start with this cache captured before (step_cache.py): nothing to schedule or capture
@@ -103,6 +106,7 @@ class Engine:
     if (kind, use_greedy) not in self._jits:
       if kind == "prefill": fn = lambda sp, n: self.logits.assign(self._logits(sp, self.chunk, True, n)).realize()
       elif kind == "decode": fn = lambda sp: self.logits.assign(self._logits(sp, 1)).realize()
+      elif kind == "choose_masked": fn = lambda nx: self._choice(masked(self.logits, self.mask), nx, use_greedy).realize()
       else: fn = lambda nx: self._choice(self.logits, nx, use_greedy).realize()
       jit = TinyJit(fn)
       # capture on the first call: TinyJit runs a function once uncompiled before capturing it, so that lazy inputs
@@ -110,7 +114,7 @@ class Engine:
       # a start-up one of the two schedulings of each step (docs/PERF.md: start-up)
       jit.cnt = 1
       self._jits[(kind, use_greedy)] = jit
-      what = {True: "greedy ", False: "sampled ", None: ""}[use_greedy] + {"choose": "choice"}.get(kind, f"{kind} step")
+      what = {True: "greedy ", False: "sampled ", None: ""}[use_greedy] + {"choose": "choice", "choose_masked": "masked choice"}.get(kind, f"{kind} step")
       log.info(f"compiling the {what} (first use; cached kernels make this quick)")
     return self._jits[(kind, use_greedy)]
 
@@ -129,13 +133,14 @@ class Engine:
       self._copy_in(self.params, 0, np.array(vals, np.float32))
       self._params = vals
 
-  def prefill(self, tokens: list[int], start: int, use_greedy: bool) -> None:
-    """Runs tokens[start:] through the model; the chosen next token lands at tok_buf[len(tokens)]."""
+  def prefill(self, tokens: list[int], start: int, use_greedy: bool | None) -> None:
+    """Runs tokens[start:] through the model; the chosen next token lands at tok_buf[len(tokens)]
+    (use_greedy None: no choice, the logits stay in self.logits)."""
     self._copy_in(self.prompt_buf, start, np.array(tokens[start:], np.int32))
     jit = self._jit("prefill")
     for s in range(start, len(tokens), self.chunk):
       jit(self.v_pos.bind(s), self.v_len.bind(min(self.chunk, len(tokens) - s)))
-    self._jit("choose", use_greedy)(self.v_next.bind(len(tokens)))
+    if use_greedy is not None: self._jit("choose", use_greedy)(self.v_next.bind(len(tokens)))
     self.cached = list(tokens)
 
   def decode(self, pos: int, n: int, use_greedy: bool) -> list[int]:
@@ -161,9 +166,11 @@ class Engine:
       raise OrinError(f"the prompt has {len(prompt)} tokens, but the context holds {self.max_context} (prompt plus at least one new token)")
 
   def generate(self, prompt: list[int], max_new: int, sampling: Sampling = Sampling(), stop_ids=frozenset(),
-               lookahead: int = DEFAULT_LOOKAHEAD) -> Iterator[int]:
+               lookahead: int = DEFAULT_LOOKAHEAD, constraint=None) -> Iterator[int]:
     """Yields up to max_new tokens after the prompt, ending after a token in stop_ids (yielded) or at
-    the end of the context. Keys and values of a prompt prefix seen before are reused."""
+    the end of the context. Keys and values of a prompt prefix seen before are reused.
+    constraint (structured.Constraint): each token is chosen among those its mask_words() allows, and
+    generation ends after the token for which its advance() says the grammar is complete."""
     self.check_prompt(prompt)
     common = 0
     for a, b in zip(self.cached, prompt):
@@ -171,6 +178,9 @@ class Engine:
       common += 1
     start = min(common, len(prompt) - 1)  # the last prompt token always runs: its logits choose the next one
     self._set_sampling(sampling)
+    if constraint is not None:
+      yield from self._generate_constrained(prompt, start, max_new, sampling.greedy, stop_ids, constraint)
+      return
     self.prefill(prompt, start, sampling.greedy)
     pos, produced = len(prompt), 0
     pending = [int(self.tok_buf[pos].item())]
@@ -185,3 +195,25 @@ class Engine:
         # decode wrote keys/values for positions pos .. pos+n-1, whose tokens are tok and pending[:-1]
         self.cached = self.cached[:pos] + [tok] + pending[:-1]
       pos += 1
+
+  def _generate_constrained(self, prompt: list[int], start: int, max_new: int, use_greedy: bool, stop_ids, constraint) -> Iterator[int]:
+    """Lookahead 1: the mask for token t+1 depends on token t, so each token reaches the host (and the grammar)
+    before the next choice. The host computes that mask while the device runs the model step that token t
+    feeds, which is queued first: the device waits only for the token's read-back and the mask's copy-in."""
+    self.prefill(prompt, start, None)  # queued; mask 0 is computed while it runs
+    choose = {m: self._jit("choose_masked" if m else "choose", use_greedy) for m in (True, False)}
+    decode, pos = self._jit("decode"), len(prompt)
+    for produced in range(1, max_new + 1):
+      words = constraint.mask_words()
+      if words is not None: self._copy_in(self.mask, 0, words)
+      choose[words is not None](self.v_next.bind(pos))
+      tok = int(self.tok_buf[pos].item())
+      done = constraint.advance(tok)
+      last = done or tok in stop_ids or produced >= max_new or pos + 1 >= self.max_context
+      if not last:
+        decode(self.v_pos.bind(pos))  # queued before the token goes out: it runs while the consumer and the grammar work
+        self.cached = self.cached[:pos] + [tok]
+      yield tok
+      if last: break
+      pos += 1
+

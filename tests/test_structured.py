@@ -208,3 +208,47 @@ def test_masked_choice_matches_numpy(rng):
   assert greedy(ml).item() == int(np.argmax(np.where(allowed, logits, -np.inf)))
   params = Tensor(Sampling(1.0, 0, 0.9, 1).as_list(), dtype=dtypes.float32)
   assert all(allowed[sample(ml, params, i).item()] for i in range(5))
+
+# ------------------------------------------------------------------ the engine's hook
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+  from gguf import GGMLQuantizationType as QT
+  from orin_llm.synth import write_model, preset
+  from orin_llm.engine import Engine
+  from vocab_files import DATA
+  path = write_model(tmp_path_factory.mktemp("m") / "tiny.gguf", preset("tiny-llama", n_layers=1), QT.Q4_K, DATA / "ggml-vocab-llama-bpe.gguf",
+                     seed=3, types={"token_embd.weight": QT.Q8_0})
+  return Engine(path, max_context=256)
+
+def test_engine_constrained_choices(engine, rng):
+  """Greedy under a constraint picks the best allowed token of the model's own logits at every step; sampled
+  choices stay allowed; generation ends when the grammar is complete; unconstrained generation is unchanged."""
+  from orin_llm.sampling import Sampling
+  tok = Tokenizer.from_metadata(engine.file.metadata)
+  g = S.Grammars(tok, engine.cfg.vocab_size)
+  schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999}, "on": {"type": "boolean"}},
+            "required": ["n", "on"], "additionalProperties": False}
+  prompt = tok.encode("JSON please:")
+  free = list(engine.generate(prompt, 6, Sampling(), tok.stop_ids))
+  c = g.constraint(S.json_grammar(schema))
+  out = list(engine.generate(prompt, 120, Sampling(), tok.stop_ids, constraint=c))
+  assert c.done and jsonschema.validate(json.loads(tok.decode(out)), schema) is None
+  class Spy:  # the constraint as the engine sees it, checking each choice against the logits the step computed
+    def __init__(self, c): self.c, self.want = c, []
+    def mask_words(self):
+      w = self.c.mask_words()
+      allowed = np.unpackbits(w.view(np.uint8), bitorder="little")[:engine.cfg.vocab_size].astype(bool)
+      self.want.append(int(np.argmax(np.where(allowed, engine.logits.numpy(), -np.inf))))  # the step for this token has run
+      return w
+    def advance(self, t):
+      assert t == self.want[-1], len(self.want)
+      return self.c.advance(t)
+  spy = Spy(g.constraint(S.json_grammar(schema)))
+  engine.cached = []
+  assert list(engine.generate(prompt, 120, Sampling(), tok.stop_ids, constraint=spy)) == out and len(spy.want) == len(out)
+  engine.cached = []
+  assert list(engine.generate(prompt, 6, Sampling(), tok.stop_ids)) == free  # the masked steps left the free ones alone
+  for seed in range(3):
+    c = g.constraint(S.json_grammar(schema))
+    out = list(engine.generate(prompt, 120, Sampling(1.0, 0, 0.95, seed), tok.stop_ids, constraint=c))
+    jsonschema.validate(json.loads(tok.decode(out)), schema)

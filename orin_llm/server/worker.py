@@ -42,6 +42,7 @@ class Job:
   cancelled: threading.Event = field(default_factory=threading.Event)
   arrived: float = field(default_factory=time.monotonic)
   worker: Worker | None = None
+  constraint: object = None  # structured.Constraint: the grammar the output follows (Engine.generate's hook)
   def cancel(self):
     """Stops the job between two tokens, or keeps it from starting; a no-op once it is done."""
     self.cancelled.set()
@@ -151,7 +152,7 @@ class Worker:
     t0 = time.monotonic()
     text, n, first, finish, hit = StopText(tok, job.stop), 0, None, "length", False
     try:
-      for tid in eng.generate(job.prompt, job.max_new, job.sampling, tok.stop_ids):
+      for tid in eng.generate(job.prompt, job.max_new, job.sampling, tok.stop_ids, constraint=job.constraint):
         self.heartbeat = time.monotonic()
         n += 1
         if first is None:
@@ -162,6 +163,7 @@ class Worker:
         if piece: job.emit("text", piece)
         if hit: finish = "stop"; break
         if job.cancelled.is_set(): finish = "cancelled"; break
+      if job.constraint is not None and job.constraint.done: finish = "stop"  # the grammar is complete
       if not hit and (piece := text.flush()): job.emit("text", piece)  # text held back for a stop string that never came
     except Exception as e:  # an engine failure fails this request, not the server
       logger.exception("generation failed")
