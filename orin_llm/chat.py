@@ -47,6 +47,23 @@ def _one_line(e: Exception) -> str:
   msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
   return msg if isinstance(e, TemplateError) else f"{type(e).__name__}: {msg}"
 
+def _for_template(messages: list[dict]) -> list[dict]:
+  """Tool calls' arguments as objects: OpenAI sends them as JSON text, templates (LLaMA 3.1's `arguments | tojson`)
+  expect what transformers passes, a mapping; text that is not JSON stays text."""
+  out = []
+  for m in messages:
+    if isinstance(m, dict) and isinstance(m.get("tool_calls"), list):
+      calls = []
+      for c in m["tool_calls"]:
+        f = c.get("function") if isinstance(c, dict) else None
+        if isinstance(f, dict) and isinstance(f.get("arguments"), str):
+          try: c = {**c, "function": {**f, "arguments": json.loads(f["arguments"])}}
+          except ValueError: pass
+        calls.append(c)
+      m = {**m, "tool_calls": calls}
+    out.append(m)
+  return out
+
 class ChatTemplate:
   def __init__(self, source: str | None = None, bos_token: str = "", eos_token: str = ""):
     self.source = source if source else CHATML
@@ -66,11 +83,13 @@ class ChatTemplate:
       return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else ""
     return cls(md.get("tokenizer.chat_template"), text("tokenizer.ggml.bos_token_id"), text("tokenizer.ggml.eos_token_id"))
 
-  def render(self, messages: list[dict], add_generation_prompt: bool = True, **variables: Any) -> str:
-    """The prompt text for messages ([{'role': ..., 'content': ...}, ...]); variables (e.g. tools) go to the template.
-    The text may begin with bos_token: encode it with bos=False then."""
+  def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None, **variables: Any) -> str:
+    """The prompt text for messages ([{'role': ..., 'content': ...}, ...]); tools (OpenAI's [{"type": "function",
+    "function": {...}}]) and other variables go to the template; tools=None leaves `tools` undefined, as templates
+    without tools expect. The text may begin with bos_token: encode it with bos=False then."""
+    if tools is not None: variables["tools"] = tools
     try:
-      return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+      return self._template.render(messages=_for_template(messages), add_generation_prompt=add_generation_prompt,
                                    bos_token=self.bos_token, eos_token=self.eos_token, **variables)
     except OrinError: raise
     except Exception as e: raise OrinError(f"chat template: {_one_line(e)}") from None

@@ -135,13 +135,11 @@ def close_objects(schema):
   return out
 
 def json_grammar(schema: dict, strict: bool = True) -> str:
-  """An llguidance grammar for JSON values valid under schema. strict: unsupported keywords are an error
-  (GrammarError at Grammars.constraint) and objects are closed (close_objects); otherwise llguidance ignores
-  what it cannot enforce (its `lenient` mode)."""
+  """An llguidance grammar for JSON values valid under schema; a keyword it cannot enforce is an error (GrammarError
+  at Grammars.constraint), never ignored, so that every answer validates. strict: objects that say nothing of other
+  keys are closed (close_objects), as OpenAI's strict mode requires them to be."""
   ll = _ll()
-  opts = whitespace()
-  if not strict: opts["lenient"] = True
-  try: return ll.LLMatcher.grammar_from_json_schema(close_objects(schema) if strict else schema, defaults=opts)
+  try: return ll.LLMatcher.grammar_from_json_schema(close_objects(schema) if strict else schema, defaults=whitespace())
   except (ValueError, TypeError) as e: raise GrammarError(f"the schema is not valid: {e}") from None
 
 def json_lark(schema, strict: bool = True) -> str:

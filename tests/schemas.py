@@ -13,8 +13,10 @@ def leaf(rng: np.random.Generator) -> dict:
     lo = int(rng.integers(-50, 50))
     return {"type": "integer", "minimum": lo, "maximum": lo + int(rng.integers(0, 1000))}
   if k == 3:
+    # multipleOf bounds the fraction's digits: a random-weights model with a tied embedding repeats digit tokens
+    # once it has written one, and llguidance's JSON numbers, unlike llama.cpp's, allow any number of digits
     lo = float(rng.integers(-100, 100)) / 4
-    return {"type": "number", "minimum": lo, "maximum": lo + float(rng.integers(1, 40))}
+    return {"type": "number", "minimum": lo, "maximum": lo + float(rng.integers(1, 40)), "multipleOf": 0.25}
   if k == 4: return {"type": "boolean"}
   if k == 5: return {"enum": [int(v) for v in rng.choice(100, int(rng.integers(2, 4)), replace=False)]}
   return {"type": ["integer", "null"], "minimum": 0, "maximum": 9}

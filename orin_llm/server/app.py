@@ -3,7 +3,7 @@
 engine thread (worker.py). Anything a client sends that is wrong gets OpenAI's error object
 ({"error": {"message", "type", "param", "code"}}) with a 4xx status, never a 500."""
 from __future__ import annotations
-import asyncio, hmac, json, logging, os, pathlib, time, uuid
+import asyncio, hmac, json, logging, os, pathlib, re, time, uuid
 from aiohttp import web
 from orin_llm.errors import OrinError
 from orin_llm.sampling import Sampling
@@ -32,6 +32,7 @@ class Server:
     self.created = int(os.path.getmtime(cfg.model))
     self.stopping = False
     self._template = None
+    self._grammars = self._tool_format = None
 
   def ready(self):
     """The engine and tokenizer once the worker is ready; 503 before."""
@@ -45,6 +46,20 @@ class Server:
       from orin_llm.chat import ChatTemplate
       self._template = ChatTemplate.from_metadata(self.worker.engine.file.metadata)
     return self._template
+
+  def grammars(self):
+    """llguidance's vocabulary of the model (structured.Grammars), built on first use."""
+    if self._grammars is None:
+      from orin_llm.structured import Grammars
+      self._grammars = Grammars(self.worker.tok, self.worker.engine.cfg.vocab_size)
+    return self._grammars
+
+  def tool_format(self):
+    """The tool-call family of the model's chat template (structured.tool_format)."""
+    if self._tool_format is None:
+      from orin_llm.structured import tool_format
+      self._tool_format = tool_format(self.template().source, self.grammars())
+    return self._tool_format
 
 SERVER = web.AppKey("server", Server)
 
@@ -157,9 +172,125 @@ def _messages(body: dict) -> list[dict]:
     out.append({**m, "content": c})
   return out
 
+# ---------------------------------------------------------------------- structured output (docs/SERVER.md: JSON output, tool calls)
+MAX_TOOLS = 128  # OpenAI's limit
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+def _response_format(body: dict) -> tuple | None:
+  """(grammar, param, schema, strict) for response_format, None for text. json_object: any object; json_schema: its
+  schema, with objects closed under strict (structured.close_objects). llama.cpp's {"type": "json_object",
+  "schema": {...}} is taken too."""
+  from orin_llm.structured import GrammarError, json_grammar
+  rf = _field(body, "response_format", dict)
+  if rf is None or rf.get("type") == "text": return None
+  typ = rf.get("type")
+  if typ == "json_object":
+    schema, strict, where = rf.get("schema", {"type": "object"}), False, "response_format.schema"
+    if not isinstance(schema, dict): raise APIError(400, f"{where} must be a JSON schema (an object)", param=where)
+  elif typ == "json_schema":
+    js = rf.get("json_schema")
+    if not isinstance(js, dict): raise APIError(400, "response_format.json_schema must be an object with a schema", param="response_format.json_schema")
+    schema, where = js.get("schema", {}), "response_format.json_schema.schema"
+    if not isinstance(schema, (dict, bool)): raise APIError(400, f"{where} must be a JSON schema (an object)", param=where)
+    strict = js.get("strict") is True
+  else: raise APIError(400, f"response_format.type must be 'text', 'json_object' or 'json_schema', not {json.dumps(typ)[:40]}", param="response_format.type")
+  try: return json_grammar(schema, strict), where, schema, strict
+  except GrammarError as e: raise APIError(400, f"{where}: {e}", param=where) from None
+
+def _tools(body: dict) -> tuple[list[dict], str | dict, bool]:
+  """(tools, tool_choice, parallel_tool_calls), checked. tool_choice: 'none', 'auto', 'required' or a tool's name."""
+  tools = body.get("tools")
+  if tools is None: tools = []
+  if not isinstance(tools, list) or len(tools) > MAX_TOOLS: raise APIError(400, f"tools must be an array of at most {MAX_TOOLS} tools", param="tools")
+  names = set()
+  for i, t in enumerate(tools):
+    where = f"tools[{i}]"
+    if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
+      raise APIError(400, f'{where} must be {{"type": "function", "function": {{...}}}} (only function tools are supported)', param=where)
+    f = t["function"]
+    if not isinstance(f.get("name"), str) or not _TOOL_NAME.match(f["name"]):
+      raise APIError(400, f"{where}.function.name must be 1 to 64 letters, digits, '_', '-' or '.'", param=f"{where}.function.name")
+    if f["name"] in names: raise APIError(400, f"{where}.function.name: two tools are named {f['name']!r}", param=f"{where}.function.name")
+    names.add(f["name"])
+    if f.get("parameters") is not None and not isinstance(f["parameters"], dict):
+      raise APIError(400, f"{where}.function.parameters must be a JSON schema (an object)", param=f"{where}.function.parameters")
+  choice = body.get("tool_choice")
+  if choice is None: choice = "auto" if tools else "none"
+  if isinstance(choice, dict):
+    fn = choice.get("function")
+    if choice.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+      raise APIError(400, 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}', param="tool_choice")
+    if fn["name"] not in names: raise APIError(400, f"tool_choice names the function {fn['name']!r}, which is not in tools", param="tool_choice")
+    choice = fn["name"]
+  elif choice not in ("none", "auto", "required"):
+    raise APIError(400, f'tool_choice must be "none", "auto", "required" or {{"type": "function", "function": {{"name": ...}}}}, not {json.dumps(choice)[:40]}', param="tool_choice")
+  elif choice == "required" and not tools: raise APIError(400, 'tool_choice "required" needs tools', param="tool_choice")
+  parallel = _field(body, "parallel_tool_calls", bool, True)
+  return tools, choice, parallel
+
+def _tool_history(msgs: list[dict]) -> list[dict]:
+  """Messages with assistant tool_calls checked (arguments: a JSON object as a string, as OpenAI sends them)
+  and empty ones dropped: templates test `'tool_calls' in message`."""
+  out = []
+  for i, m in enumerate(msgs):
+    calls = m.get("tool_calls")
+    if not calls: out.append({k: v for k, v in m.items() if k != "tool_calls"}); continue
+    where = f"messages[{i}].tool_calls"
+    if m["role"] != "assistant" or not isinstance(calls, list): raise APIError(400, f"{where}: only assistant messages carry an array of tool calls", param=where)
+    for j, c in enumerate(calls):
+      f = c.get("function") if isinstance(c, dict) else None
+      if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not isinstance(f.get("arguments", "{}"), (str, dict)):
+        raise APIError(400, f'{where}[{j}] must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}', param=f"{where}[{j}]")
+      if isinstance(f.get("arguments"), str):
+        try: json.loads(f["arguments"])
+        except ValueError: raise APIError(400, f"{where}[{j}].function.arguments is not JSON", param=f"{where}[{j}].function.arguments") from None
+    out.append(m)
+  return out
+
+def _structured_chat(srv: Server, body: dict, msgs: list[dict]) -> dict:
+  """What tools and response_format make of a chat request: the messages and variables for the template,
+  the grammar (grammar, param, schema) that constrains the answer or None, the ToolFormat to parse it or None."""
+  from orin_llm.structured import Generic, GrammarError, json_lark
+  tools, choice, parallel = _tools(body)
+  rf = _response_format(body)
+  msgs = _tool_history(msgs)
+  if not tools or choice == "none":  # the model is not told of tools it may not call
+    return {"messages": msgs, "template": {"enable_thinking": False} if rf else {}, "grammar": rf, "tools": None}
+  fmt = srv.tool_format()
+  if isinstance(fmt, Generic): msgs, tvars = fmt.messages(msgs, tools), {}
+  else: tvars = {"tools": tools}
+  grammar = None
+  if choice != "auto" or rf is not None:
+    called = tools if choice in ("auto", "required") else [t for t in tools if t["function"]["name"] == choice]
+    try: lark = fmt.grammar(called, parallel)
+    except GrammarError as e: raise APIError(400, f"tools: {e}", param="tools") from None
+    if rf is not None and choice == "auto":  # an answer in the schema, or tool calls
+      lark = lark.replace("start:", "calls:", 1) + f"start: calls | answer\nanswer: {json_lark(rf[2], rf[3])}\n"
+    grammar = (lark, "tools", {"tools": tools})
+    # a template that may open a thinking block (Qwen3) is told not to: the grammar starts the answer at once
+    tvars["enable_thinking"] = False
+  return {"messages": msgs, "template": tvars, "grammar": grammar, "tools": fmt}
+
+async def _constraint(srv: Server, grammar: str, param: str, schema=None):
+  """A structured.Constraint, built off the event loop (the first builds llguidance's vocabulary, ~1 s)."""
+  from orin_llm.structured import GrammarError
+  try: return await asyncio.get_running_loop().run_in_executor(None, srv.grammars().constraint, grammar, param, schema)
+  except GrammarError as e: raise APIError(400, str(e), param=param) from None
+
+def _tool_choice(text: str, finish: str, fmt) -> dict:
+  """The non-streamed choice of a chat with tools: the calls parsed from text, or text as content."""
+  from orin_llm.structured import new_call_id
+  parsed = fmt.parse(text)
+  if not parsed or not parsed[1]: return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+  content, calls = parsed
+  return {"index": 0, "message": {"role": "assistant", "content": content or None,
+                                  "tool_calls": [{"id": new_call_id(), "type": "function", "function": c} for c in calls]},
+          "logprobs": None, "finish_reason": "tool_calls"}
+
 # ---------------------------------------------------------------------- generation
-async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, chat: bool) -> web.StreamResponse:
-  job = Job(prompt, g["max_new"], g["sampling"], g["stop"], asyncio.get_running_loop())
+async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, chat: bool, tools=None) -> web.StreamResponse:
+  """tools: the structured.ToolFormat whose calls the answer may hold (chat with tools), None for plain text."""
+  job = Job(prompt, g["max_new"], g["sampling"], g["stop"], asyncio.get_running_loop(), constraint=g.get("constraint"))
   try: srv.worker.submit(job)
   except QueueFull as e:
     raise APIError(429, f"the request queue is full ({srv.worker.queue_size} waiting); try again later", "rate_limit_error",
@@ -178,8 +309,9 @@ async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, ch
         if ev[0] == "text": parts.append(ev[1])
         elif ev[0] == "error": raise APIError(500, ev[1], "server_error")
         elif ev[0] == "end":
+          c = choice("".join(parts), ev[1], False) if tools is None else _tool_choice("".join(parts), ev[1], tools)
           return web.json_response({"id": rid, "object": obj, "created": created, "model": srv.model_id, "system_fingerprint": None,
-                                    "choices": [choice("".join(parts), ev[1], False)], "usage": ev[2]})
+                                    "choices": [c], "usage": ev[2]})
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     await resp.prepare(request)
     chunk = {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created, "model": srv.model_id, "system_fingerprint": None}
@@ -187,13 +319,25 @@ async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, ch
       await resp.write(b"data: " + (data if isinstance(data, bytes) else json.dumps(data, ensure_ascii=False).encode()) + b"\n\n")
     try:
       if chat: await send({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
+      calls = None
+      if tools is not None:
+        from orin_llm.structured import ToolStream
+        calls = ToolStream(tools)
+      async def deltas(ds):
+        for d in ds: await send({**chunk, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": None}]})
       while True:
         ev = await job.events.get()
-        if ev[0] == "text": await send({**chunk, "choices": [choice(ev[1], None, True)]})
+        if ev[0] == "text":
+          if calls is not None: await deltas(calls.push(ev[1]))
+          else: await send({**chunk, "choices": [choice(ev[1], None, True)]})
         elif ev[0] == "error":
           await send({"error": {"message": ev[1], "type": "server_error", "param": None, "code": None}}); break
         elif ev[0] == "end":
-          await send({**chunk, "choices": [choice(None if chat else "", ev[1], True)]})
+          finish = ev[1]
+          if calls is not None:
+            await deltas(calls.finish())
+            if calls.calls: finish = "tool_calls"
+          await send({**chunk, "choices": [choice(None if chat else "", finish, True)]})
           if g["usage"]: await send({**chunk, "choices": [], "usage": ev[2]})
           break
       await send(b"[DONE]")
@@ -209,11 +353,14 @@ async def chat_completions(request: web.Request):
   body = await _body(request)
   _check_model(srv, body)
   msgs = _messages(body)
-  try: text = srv.template().render(msgs)
+  st = _structured_chat(srv, body, msgs)
+  try: text = srv.template().render(st["messages"], **st["template"])
   except OrinError as e: raise APIError(400, str(e), param="messages") from None
   bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else None
   ids = tok.encode(text, bos=False if bos and text.startswith(bos) else None)  # the template wrote BOS itself
-  return await _run(request, srv, ids, _generation(srv, eng, body, ids, "messages", True), True)
+  g = _generation(srv, eng, body, ids, "messages", True)
+  if st["grammar"] is not None: g["constraint"] = await _constraint(srv, *st["grammar"][:3])
+  return await _run(request, srv, ids, g, True, tools=st["tools"])
 
 async def completions(request: web.Request):
   srv = request.app[SERVER]
@@ -229,7 +376,11 @@ async def completions(request: web.Request):
   else: raise APIError(400, "prompt must be a string or an array of token ids (one prompt per request)", param="prompt")
   for k in ("echo", "logprobs", "suffix"):
     if body.get(k) not in (None, False, 0): raise APIError(400, f"{k} is not supported", param=k)
-  return await _run(request, srv, ids, _generation(srv, eng, body, ids, "prompt", False), False)
+  if body.get("tools") or body.get("tool_choice") is not None:
+    raise APIError(400, "tools are only supported on /v1/chat/completions", param="tools" if body.get("tools") else "tool_choice")
+  g = _generation(srv, eng, body, ids, "prompt", False)
+  if (rf := _response_format(body)) is not None: g["constraint"] = await _constraint(srv, *rf[:3])
+  return await _run(request, srv, ids, g, False)
 
 async def models(request: web.Request):
   srv = request.app[SERVER]
