@@ -106,7 +106,9 @@ class Engine:
     if (kind, use_greedy) not in self._jits:
       if kind == "prefill": fn = lambda sp, n: self.logits.assign(self._logits(sp, self.chunk, True, n)).realize()
       elif kind == "decode": fn = lambda sp: self.logits.assign(self._logits(sp, 1)).realize()
-      elif kind == "choose_masked": fn = lambda nx: self._choice(masked(self.logits, self.mask), nx, use_greedy).realize()
+      elif kind == "choose_masked":
+        # sampling reads the logits in several reductions: masked once into a buffer, not unpacked in each of them
+        fn = lambda nx: self._choice(masked(self.logits, self.mask) if use_greedy else masked(self.logits, self.mask).contiguous(), nx, use_greedy).realize()
       else: fn = lambda nx: self._choice(self.logits, nx, use_greedy).realize()
       jit = TinyJit(fn)
       # capture on the first call: TinyJit runs a function once uncompiled before capturing it, so that lazy inputs
@@ -127,6 +129,25 @@ class Engine:
     assert values.dtype.itemsize == b.dtype.itemsize
     src = Buffer("PYTHON", len(values), b.dtype, opaque=memoryview(bytearray(np.ascontiguousarray(values).tobytes())))
     b.view(len(values), b.dtype, start * b.dtype.itemsize).ensure_allocated().copy_from(src)
+
+  @staticmethod
+  def _raw(buf: Tensor, start: int, n: int):
+    """Elements start..start+n of a realized Tensor's device buffer, as a tinygrad Buffer view."""
+    b = buf.uop.buffer
+    return b.view(n, b.dtype, start * b.dtype.itemsize).ensure_allocated()
+
+  def _read_token(self, pos: int) -> int:
+    """tok_buf[pos], copied straight out of the device buffer: a Tensor read (`.item()`) schedules a kernel, and
+    Buffer.copy_from builds a graph, each a few ms of host time that a constrained request (one read and one
+    mask upload per token) would pay on every token."""
+    v, out = self._raw(self.tok_buf, pos, 1), np.empty(1, np.int32)
+    v.allocator._copyout(memoryview(out).cast("B"), v._buf)  # waits for the queued steps, as any read does
+    return int(out[0])
+
+  def _set_mask(self, words: np.ndarray):
+    """The bitmask into self.mask, as _read_token: the allocator's own copy (queued in order on a GPU)."""
+    v = self._raw(self.mask, 0, len(words))
+    v.allocator._copyin(v._buf, memoryview(np.ascontiguousarray(words, np.uint32)).cast("B"))
 
   def _set_sampling(self, s: Sampling):
     if (vals := s.as_list()) != self._params:
@@ -205,9 +226,9 @@ class Engine:
     decode, pos = self._jit("decode"), len(prompt)
     for produced in range(1, max_new + 1):
       words = constraint.mask_words()
-      if words is not None: self._copy_in(self.mask, 0, words)
+      if words is not None: self._set_mask(words)
       choose[words is not None](self.v_next.bind(pos))
-      tok = int(self.tok_buf[pos].item())
+      tok = self._read_token(pos)
       done = constraint.advance(tok)
       last = done or tok in stop_ids or produced >= max_new or pos + 1 >= self.max_context
       if not last:
