@@ -17,7 +17,7 @@ def warm_up_prompt(eng) -> list[int]:
 
 def warm_up(eng, beat=lambda: None, progress: bool = False):
   """Captures the compiled steps the server replays: prefill (more than one chunk, so the JIT sees
-  chunk_len and start_pos move) and decode, greedy and sampled. The engine's JITs capture on their first
+  chunk_len and start_pos move) and decode, greedy and sampled, and the masked choices of constrained requests. The engine's JITs capture on their first
   call, and a generation calls each step more than once, so one generation per variant captures and
   replays both steps. beat() runs between generations (the server's heartbeat). BEAM searches at the
   variables' midpoints, whatever the prompt."""
@@ -41,6 +41,12 @@ def warm_up(eng, beat=lambda: None, progress: bool = False):
       c = kernel_cache.COUNTER
       log.info(f"prewarm: {k + 1}/{len(steps)} {'greedy' if s.greedy else 'sampled'} prefill+decode, "
                f"{time.monotonic() - t0:.1f} s, kernels {c.hits} cached, {c.compiled} compiled, {c.searched} BEAM-searched")
+  # the masked choice steps of constrained requests (structured.py): a mask that allows everything, after the cached
+  # prompt, so that only the choice (and decode) run; a request with a JSON schema or forced tool call then compiles nothing
+  from orin_llm.structured import AllowAll
+  for s, _ in steps[::2]:
+    beat()
+    for _ in eng.generate(prompt, 3, s, constraint=AllowAll(eng.cfg.vocab_size)): pass
   eng.cached = []
   # a later start loads the captured steps rather than capturing them again (step_cache.py)
   step_cache.try_save(eng)

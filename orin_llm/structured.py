@@ -114,6 +114,12 @@ class Constraint:
     """Whether the last mask_words() allowed token_id (tests)."""
     return bool((int(self._mask[0, token_id >> 5]) >> (token_id & 31)) & 1)
 
+class AllowAll:
+  """A Constraint that allows every token and never completes: runs the engine's masked steps (the warm-up)."""
+  def __init__(self, n_vocab: int): self.words, self.done = np.full((n_vocab + 31) // 32, 0xFFFFFFFF, np.uint32), False
+  def mask_words(self) -> np.ndarray: return self.words
+  def advance(self, token_id: int) -> bool: return False
+
 def _first_line(s: str) -> str: return (s.strip().splitlines() or ["?"])[0]
 
 # ---------------------------------------------------------------------- JSON schemas

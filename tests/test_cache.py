@@ -161,6 +161,7 @@ def test_requests_after_warm_up_compile_nothing(tiny, tmp_path, rng):
   from orin_llm.prewarm import warm_up
   from orin_llm.sampling import Sampling
   from orin_llm.kernel_cache import COUNTER
+  from orin_llm.structured import AllowAll
   eng = Engine(tiny, max_context=128, chunk=16, cache=tmp_path)
   warm_up(eng)
   before = COUNTER.snapshot()
@@ -170,5 +171,7 @@ def test_requests_after_warm_up_compile_nothing(tiny, tmp_path, rng):
     s = Sampling(float(rng.uniform(0.5, 1.5)), int(rng.integers(1, 50)), 0.9, int(rng.integers(0, 1 << 30)))
     toks = list(eng.generate(prompt[:100], 3, s))
     assert len(toks) == 3 and eng.prompt_buf.numpy()[:len(prompt[:100])].tolist() == prompt[:100]
+    # a constrained request (structured.py) runs the masked choices the warm-up compiled
+    assert len(list(eng.generate(prompt[:100], 3, s if n % 2 else Sampling(), constraint=AllowAll(eng.cfg.vocab_size)))) == 3
   after = COUNTER.snapshot()
   assert after["misses"] == before["misses"] and after["hits"] == before["hits"], (before, after)

@@ -114,4 +114,4 @@ def test_loaded_steps_that_fail_are_captured_anew(model, tmp_path):
   eng._jits[("decode", None)] = Broken()
   warm_up(eng)
   assert not eng.steps_loaded and eng.steps_file == path and path.exists()  # rewritten from the new capture
-  assert len(eng._jits) == 4 and all(not isinstance(j, Broken) and j.captured is not None for j in eng._jits.values())
+  assert len(eng._jits) == 6 and all(not isinstance(j, Broken) and j.captured is not None for j in eng._jits.values())
