@@ -16,6 +16,8 @@ def add_parser(sub):
   p.add_argument("--prompt", default="512,2048", help="prefill lengths, comma-separated (default 512,2048)")
   p.add_argument("--lookahead", type=int, default=None, help="decode steps queued before the host reads tokens (default: the engine's, as served)")
   p.add_argument("--context", type=int, default=None, help="context to allocate (default: longest prompt + tokens + 64)")
+  p.add_argument("--json-schema", metavar="FILE", help="also time decode constrained to this JSON schema against free decode, same "
+                                                        "engine and prompt (e.g. scripts/bench-schema.json)")
   p.set_defaults(fn=cmd_bench)
 
 def decode_bytes(eng) -> int:
@@ -76,6 +78,45 @@ def bench_ours(eng, n_tokens: int, prompt_lens: list[int], lookahead: int) -> di
           "decode_gb_s": nbytes * statistics.median(rates) / 1e9, "compile_s": compile_s, "load_s": eng.load_seconds,
           "tokens_timed": len(stamps)}
 
+def bench_schema(eng, schema: dict, n_tokens: int, lookahead: int) -> dict:
+  """Greedy decode constrained to a JSON schema (each answer generated until the grammar completes, repeated until
+  n_tokens are timed) against free greedy decode of n_tokens after the same prompt. Rates count the tokens after
+  each generation's first (the first comes from prefill), timed from the first token's arrival to the last's."""
+  from orin_llm.chat import ChatTemplate
+  from orin_llm.sampling import Sampling
+  from orin_llm.structured import Grammars, json_grammar
+  from orin_llm.tokenizer import Tokenizer
+  tok = Tokenizer.from_metadata(eng.file.metadata)
+  g = Grammars(tok, eng.cfg.vocab_size)
+  grammar = json_grammar(schema, strict=True)
+  text = ChatTemplate.from_metadata(eng.file.metadata).render([{"role": "user", "content": "Answer in JSON: " + json.dumps(schema)}])
+  bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else None
+  prompt = tok.encode(text, bos=False if bos and text.startswith(bos) else None)[:eng.max_context // 2]
+  class Timed:  # the constraint, with the host's time in it (computing the mask, consuming the token)
+    def __init__(self, c): self.c, self.host = c, 0.0
+    def mask_words(self):
+      t = time.perf_counter(); w = self.c.mask_words(); self.host += time.perf_counter() - t; return w
+    def advance(self, tid):
+      t = time.perf_counter(); d = self.c.advance(tid); self.host += time.perf_counter() - t; return d
+  def run(constraint, max_new, stops):
+    stamps = []
+    for _ in eng.generate(prompt, max_new, Sampling(), stops, lookahead=lookahead, constraint=constraint): stamps.append(time.perf_counter())
+    return len(stamps) - 1, stamps[-1] - stamps[0]
+  max_new = eng.max_context - len(prompt) - 1
+  t0 = time.perf_counter()
+  run(g.constraint(grammar), max_new, tok.stop_ids); run(None, 16, ())  # compile the masked steps; warm up
+  first_s = time.perf_counter() - t0
+  n, dt, host, answers, tokens, complete = 0, 0.0, 0.0, 0, [], 0
+  while n < n_tokens:
+    c = Timed(g.constraint(grammar))
+    k, d = run(c, max_new, tok.stop_ids)
+    if k < 1: raise OrinError("bench: the schema's answer is one token; give a schema with a longer answer")
+    n, dt, host, answers, complete = n + k, dt + d, host + c.host, answers + 1, complete + c.c.done
+    tokens.append(k + 1)
+  k, d = run(None, n, ())
+  return {"constrained_tok_s": n / dt, "free_tok_s": k / d, "ratio": (n / dt) / (k / d), "tokens_timed": n, "answers": answers, "complete_answers": complete,
+          "tokens_per_answer": statistics.mean(tokens), "host_ms_per_token": host / (n + answers) * 1e3, "first_run_s": first_s}
+
 def bench_llama(binary: str, model: str, n_tokens: int, prompt_lens: list[int]) -> dict:
   cmd = [binary, "-m", model, "-ngl", "99", "-p", ",".join(map(str, prompt_lens)), "-n", str(n_tokens), "-fa", "0,1", "-r", "3", "-o", "json"]
   log.info("running " + " ".join(cmd))
@@ -95,11 +136,16 @@ def cmd_bench(args):
   from tinygrad import Device
   model = model_path(args)
   prompt_lens = [int(n) for n in str(args.prompt).split(",")]
-  eng = Engine(model, max_context=args.context or max(prompt_lens) + args.tokens + 64)
+  # a schema's prompt holds the schema, and its answers must fit beside it
+  eng = Engine(model, max_context=args.context or max(max(prompt_lens) + args.tokens + 64, 2048 if args.json_schema else 0))
   from orin_llm.engine import DEFAULT_LOOKAHEAD
   ours = bench_ours(eng, args.tokens, prompt_lens, args.lookahead or DEFAULT_LOOKAHEAD)
   res = {"model": str(model), "device": Device.DEFAULT, "beam": int(os.environ.get("BEAM", "0") or 0), "ours": ours,
          "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+  if args.json_schema:
+    try: schema = json.loads(open(args.json_schema).read())
+    except (OSError, ValueError) as e: raise OrinError(f"--json-schema {args.json_schema}: {e}") from None
+    res["schema"] = {"file": args.json_schema, **bench_schema(eng, schema, args.tokens, args.lookahead or DEFAULT_LOOKAHEAD)}
   binary = args.llama_bench or shutil.which("llama-bench")
   if binary:
     ll = bench_llama(binary, str(model), args.tokens, prompt_lens)
@@ -121,6 +167,10 @@ def print_table(res: dict):
   if "llama_cpp" in res:
     ll, r = res["llama_cpp"], res["ratio"]
     for k in sorted(r): rows.append((f"llama.cpp {k.replace('_tok_s', '')}", f"{ll[k]:.1f} tok/s   ours/llama.cpp = {r[k]:.2f}x"))
+  if "schema" in res:
+    sc = res["schema"]
+    rows += [("decode tok/s, JSON schema", f"{sc['constrained_tok_s']:.1f} vs {sc['free_tok_s']:.1f} free = {sc['ratio']:.3f}x  "
+                                           f"({sc['answers']} answers ({sc['complete_answers']} complete) of {sc['tokens_per_answer']:.0f} tokens; host {sc['host_ms_per_token']:.2f} ms a token in the grammar)")]
   w = max(len(a) for a, _ in rows)
   print(f"orin-llm bench: {os.path.basename(res['model'])} on {res['device']} (BEAM={res['beam']})")
   for a, b in rows: print(f"  {a:<{w}}  {b}")
