@@ -219,22 +219,80 @@ class Engine:
 
   def _generate_constrained(self, prompt: list[int], start: int, max_new: int, use_greedy: bool, stop_ids, constraint) -> Iterator[int]:
     """Lookahead 1: the mask for token t+1 depends on token t, so each token reaches the host (and the grammar)
-    before the next choice. The host computes that mask while the device runs the model step that token t
-    feeds, which is queued first: the device waits only for the token's read-back and the mask's copy-in."""
+    before the next choice. The model step that token t feeds does not need it on the host, though, and runs while
+    the host computes the next mask. With a pipe (_TokenPipe: CUDA) that step is queued right behind the choice and
+    the token's copy, and the host waits for the copy alone: the device never waits for the host while the host's
+    work per token (queueing two steps, the grammar) is shorter than a model step. Without one, the step is queued
+    once the token is read, which waits for everything queued: the device idles while the host queues it."""
     self.prefill(prompt, start, None)  # queued; mask 0 is computed while it runs
     choose = {m: self._jit("choose_masked" if m else "choose", use_greedy) for m in (True, False)}
-    decode, pos = self._jit("decode"), len(prompt)
+    decode, pos, pipe = self._jit("decode"), len(prompt), self._token_pipe()
     for produced in range(1, max_new + 1):
       words = constraint.mask_words()
-      if words is not None: self._set_mask(words)
+      if words is not None: pipe.upload(words) if pipe else self._set_mask(words)
       choose[words is not None](self.v_next.bind(pos))
-      tok = self._read_token(pos)
+      queued = pipe is not None and produced < max_new and pos + 1 < self.max_context  # a next step may be needed
+      if pipe is not None:
+        pipe.fetch(pos)
+        if queued: decode(self.v_pos.bind(pos))  # behind the token's copy; wasted if this token ends the answer
+        tok = pipe.wait()
+      else: tok = self._read_token(pos)
       done = constraint.advance(tok)
       last = done or tok in stop_ids or produced >= max_new or pos + 1 >= self.max_context
-      if not last:
+      if not last and not queued:
         decode(self.v_pos.bind(pos))  # queued before the token goes out: it runs while the consumer and the grammar work
-        self.cached = self.cached[:pos] + [tok]
+        queued = True
+      if queued: self.cached = self.cached[:pos] + [tok]  # that step writes tok's keys and values at pos
       yield tok
       if last: break
       pos += 1
 
+  def _token_pipe(self):
+    """The _TokenPipe of this engine's device, None where there is none (then reads wait for the whole queue)."""
+    if not hasattr(self, "_pipe"):
+      self._pipe = None
+      if self.device.split(":")[0] == "CUDA":
+        try: self._pipe = _CudaPipe(self)
+        except Exception as e: log.info(f"constrained decoding: no asynchronous token read on {self.device} ({type(e).__name__}: {e})")
+    return self._pipe
+
+class _TokenPipe:
+  """The host side of a constrained request's steps: upload(words) puts the bitmask into the engine's mask buffer,
+  fetch(pos) queues the copy of tok_buf[pos] to the host behind the steps queued so far, wait() returns it once
+  that copy is done, while steps queued after it still run. This one works on every device, with the allocator's
+  copies (its wait waits for everything queued); tests use it to run the pipelined loop on the CPU."""
+  def __init__(self, eng): self.eng, self.pos = eng, None
+  def upload(self, words: np.ndarray): self.eng._set_mask(words)
+  def fetch(self, pos: int): self.pos = pos
+  def wait(self) -> int: return self.eng._read_token(self.pos)
+
+class _CudaPipe(_TokenPipe):
+  """CUDA: both copies go through one pinned host buffer as async copies on the default stream, the one tinygrad
+  queues its kernels and graphs on, so they are ordered with the steps; wait() synchronizes on an event recorded
+  after the token's copy rather than on the device. The buffer's mask half is rewritten only after the previous
+  token's event, which follows the previous mask's copy."""
+  def __init__(self, eng):
+    import ctypes
+    from tinygrad.runtime.autogen import cuda
+    from tinygrad.runtime.ops_cuda import check
+    self.ct, self.cuda, self.check, self.dev = ctypes, cuda, check, Device[eng.device]
+    self.words = eng.mask.shape[0]
+    check(cuda.cuCtxSetCurrent(self.dev.context))
+    self.host = ctypes.c_void_p()
+    check(cuda.cuMemHostAlloc(ctypes.byref(self.host), 8 + 4 * self.words, 0x01))  # [token, pad, mask words]
+    self.event = cuda.CUevent()
+    check(cuda.cuEventCreate(ctypes.byref(self.event), 0x2))  # CU_EVENT_DISABLE_TIMING
+    self.mask_ptr, self.tok_ptr = eng._raw(eng.mask, 0, 1)._buf.value, eng._raw(eng.tok_buf, 0, 1)._buf.value
+  def upload(self, words: np.ndarray):
+    c, n = self.cuda, 4 * len(words)
+    self.check(c.cuCtxSetCurrent(self.dev.context))
+    self.ct.memmove(self.host.value + 8, np.ascontiguousarray(words, np.uint32).ctypes.data, n)
+    self.check(c.cuMemcpyHtoDAsync_v2(c.CUdeviceptr_v2(self.mask_ptr), self.ct.c_void_p(self.host.value + 8), n, None))
+  def fetch(self, pos: int):
+    c = self.cuda
+    self.check(c.cuCtxSetCurrent(self.dev.context))
+    self.check(c.cuMemcpyDtoHAsync_v2(self.ct.c_void_p(self.host.value), c.CUdeviceptr_v2(self.tok_ptr + 4 * pos), 4, None))
+    self.check(c.cuEventRecord(self.event, None))
+  def wait(self) -> int:
+    self.check(self.cuda.cuEventSynchronize(self.event))
+    return self.ct.c_int32.from_address(self.host.value).value

@@ -243,9 +243,16 @@ def test_engine_constrained_choices(engine, rng):
     def advance(self, t):
       assert t == self.want[-1], len(self.want)
       return self.c.advance(t)
-  spy = Spy(g.constraint(S.json_grammar(schema)))
-  engine.cached = []
-  assert list(engine.generate(prompt, 120, Sampling(), tok.stop_ids, constraint=spy)) == out and len(spy.want) == len(out)
+  from orin_llm.engine import _TokenPipe
+  for pipe in (None, _TokenPipe(engine)):  # the loop that reads each token after its step, and the pipelined one (CUDA's)
+    engine._pipe, spy = pipe, Spy(g.constraint(S.json_grammar(schema)))
+    engine.cached = []
+    assert list(engine.generate(prompt, 120, Sampling(), tok.stop_ids, constraint=spy)) == out and len(spy.want) == len(out)
+    # the keys and values the loop says it cached are the model's: a continuation from them picks what a fresh run does
+    cont = list(engine.generate(prompt + out[:5], 3, Sampling(), tok.stop_ids))
+    engine.cached = []
+    assert list(engine.generate(prompt + out[:5], 3, Sampling(), tok.stop_ids)) == cont
+  del engine._pipe
   engine.cached = []
   assert list(engine.generate(prompt, 6, Sampling(), tok.stop_ids)) == free  # the masked steps left the free ones alone
   for seed in range(3):
