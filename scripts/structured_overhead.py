@@ -33,6 +33,8 @@ def timed(name, fn):
     t = time.perf_counter(); r = fn(*a, **kw); phases[name] = phases.get(name, 0.0) + time.perf_counter() - t; return r
   return f
 eng._read_token, eng._set_mask = timed("read (waits for the device)", eng._read_token), timed("mask upload", eng._set_mask)
+if (pipe := eng._token_pipe()) is not None:  # CUDA: the pipelined loop's copies and its wait for the token
+  pipe.upload, pipe.fetch, pipe.wait = timed("mask upload", pipe.upload), timed("queue token copy", pipe.fetch), timed("wait for the token", pipe.wait)
 eng._jits[("decode", None)] = timed("queue decode", eng._jits[("decode", None)])
 eng._jits[("choose_masked", True)] = timed("queue masked choice", eng._jits[("choose_masked", True)])
 c = g.constraint(grammar)
