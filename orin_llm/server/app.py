@@ -197,7 +197,7 @@ def _response_format(body: dict) -> tuple | None:
   try: return json_grammar(schema, strict), where, schema, strict
   except GrammarError as e: raise APIError(400, f"{where}: {e}", param=where) from None
 
-def _tools(body: dict) -> tuple[list[dict], str | dict, bool]:
+def _tools(body: dict) -> tuple[list[dict], str, bool]:
   """(tools, tool_choice, parallel_tool_calls), checked. tool_choice: 'none', 'auto', 'required' or a tool's name."""
   tools = body.get("tools")
   if tools is None: tools = []
@@ -250,7 +250,7 @@ def _tool_history(msgs: list[dict]) -> list[dict]:
 def _structured_chat(srv: Server, body: dict, msgs: list[dict]) -> dict:
   """What tools and response_format make of a chat request: the messages and variables for the template,
   the grammar (grammar, param, schema) that constrains the answer or None, the ToolFormat to parse it or None."""
-  from orin_llm.structured import Generic, GrammarError, json_lark
+  from orin_llm.structured import Generic, json_lark
   tools, choice, parallel = _tools(body)
   rf = _response_format(body)
   msgs = _tool_history(msgs)
@@ -262,11 +262,11 @@ def _structured_chat(srv: Server, body: dict, msgs: list[dict]) -> dict:
   grammar = None
   if choice != "auto" or rf is not None:
     called = tools if choice in ("auto", "required") else [t for t in tools if t["function"]["name"] == choice]
-    try: lark = fmt.grammar(called, parallel)
-    except GrammarError as e: raise APIError(400, f"tools: {e}", param="tools") from None
+    lark, where = fmt.grammar(called, parallel), {"tools": tools}
     if rf is not None and choice == "auto":  # an answer in the schema, or tool calls
       lark = lark.replace("start:", "calls:", 1) + f"start: calls | answer\nanswer: {json_lark(rf[2], rf[3])}\n"
-    grammar = (lark, "tools", {"tools": tools})
+      where["response_format"] = rf[2]  # an error's JSON pointer may point there
+    grammar = (lark, "tools", where)
     # a template that may open a thinking block (Qwen3) is told not to: the grammar starts the answer at once
     tvars["enable_thinking"] = False
   return {"messages": msgs, "template": tvars, "grammar": grammar, "tools": fmt}
