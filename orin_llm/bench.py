@@ -36,7 +36,7 @@ def bench_ours(eng, n_tokens: int, prompt_lens: list[int], lookahead: int) -> di
   # compile: prefill (two chunk sizes) and decode, outside the timings
   t0 = time.monotonic()
   for _ in range(3):
-    eng.cached = []
+    eng.reset()
     for _ in eng.generate(rng.integers(0, vocab, eng.chunk + 3).tolist(), 4, greedy, lookahead=2): pass
   compile_s = time.monotonic() - t0
   # prefill: each prompt length from an empty cache, until the first token is on the host (best of 3)
@@ -44,23 +44,22 @@ def bench_ours(eng, n_tokens: int, prompt_lens: list[int], lookahead: int) -> di
   for n in prompt_lens:
     ttft = []
     for _ in range(3):
-      eng.cached = []
+      eng.reset()
       prompt = rng.integers(0, vocab, n).tolist()
       t = time.perf_counter()
       next(iter(eng.generate(prompt, 1, greedy)))
       ttft.append(time.perf_counter() - t)
     prefill[n] = min(ttft)
   # kernels and estimated bytes of one decode step
-  eng.cached = []
+  eng.reset()
   prompt = rng.integers(0, vocab, 16).tolist()
   for _ in eng.generate(prompt, 2, greedy): pass
-  pos = len(eng.cached)
-  eng._step(pos, 1, True).realize()  # uncompiled, so that each kernel is counted (a graph counts as one)
+  eng.profile_step().realize()  # uncompiled, so that each kernel is counted (a graph counts as one)
   GlobalCounters.reset()
-  eng._step(pos, 1, True).realize()
+  eng.profile_step().realize()
   kernels, est_bytes = GlobalCounters.kernel_count, GlobalCounters.global_mem
   # decode: n_tokens after a warm-up, timed in windows of `lookahead` tokens
-  eng.cached = []
+  eng.reset()
   stamps = []
   gen = eng.generate(rng.integers(0, vocab, 16).tolist(), n_tokens + 32, greedy, lookahead=lookahead)
   for i, _ in enumerate(gen): stamps.append(time.perf_counter())

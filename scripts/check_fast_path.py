@@ -20,7 +20,7 @@ eng = Engine(a.model, max_context=704)  # the bench's context: same kernels, so 
 prompt = rng.integers(0, eng.cfg.vocab_size, 40).tolist()
 fast_tokens = list(eng.generate(prompt, a.tokens, Sampling()))  # compiled prefill + decode steps
 fast_logits = []
-eng.cached = []
+eng.reset()
 with Context(BEAM=0): eng.forward(prompt[:30], 0)
 for p in range(30, 30 + a.positions):  # the compiled decode step's kernels, run at several positions
   eng.tok_buf[p:p + 1].assign(Tensor([prompt[p]], dtype="int32")).realize()
@@ -30,7 +30,7 @@ def plain_call(self, x):  # float32 weights, dequantized once
   if id(self) not in dense: dense[id(self)] = self.weights().contiguous().realize()
   return x @ dense[id(self)].T
 QuantWeight.__call__ = plain_call
-eng.cached = []
+eng.reset()
 with Context(BEAM=0):
   eng.forward(prompt[:30], 0)
   errs = [float(np.linalg.norm(f - (r := eng.forward([prompt[p]], p))) / np.linalg.norm(r)) for p, f in zip(range(30, 30 + a.positions), fast_logits)]

@@ -27,7 +27,7 @@ prompt = warm_up_prompt(eng)  # the server's warm-up prompt
 for s in (Sampling(), Sampling(1.0, 40, 0.9, 0)):
   for i in range(3):
     t = time.monotonic()
-    eng.cached = []
+    eng.reset()
     for _ in eng.generate(prompt, 4, s): pass
     print(f"{'greedy' if s.greedy else 'sampled'} generation {i + 1}: {time.monotonic() - t:.2f} s", flush=True)
 c = kernel_cache.COUNTER

@@ -169,6 +169,6 @@ def test_requests_after_warm_up_compile_nothing(tiny, tmp_path, rng):
     prompt = prompt + rng.integers(0, 2048, int(n)).tolist()  # longer each time: the cached prefix is reused
     s = Sampling(float(rng.uniform(0.5, 1.5)), int(rng.integers(1, 50)), 0.9, int(rng.integers(0, 1 << 30)))
     toks = list(eng.generate(prompt[:100], 3, s))
-    assert len(toks) == 3 and eng.prompt_buf.numpy()[:len(prompt[:100])].tolist() == prompt[:100]
+    assert len(toks) == 3 and eng.state.prompt.numpy()[:len(prompt[:100])].tolist() == prompt[:100]
   after = COUNTER.snapshot()
   assert after["misses"] == before["misses"] and after["hits"] == before["hits"], (before, after)

@@ -23,7 +23,7 @@ log.setup()
 a = json.loads(sys.argv[1])
 eng = Engine(a["model"], max_context=a["context"], chunk=a["chunk"], cache=a["cache"])
 toks = list(eng.generate(a["prompt"], a["n"]))
-print(json.dumps({"tokens": toks, "logits": eng.logits.numpy().tolist(), "steps": str(eng.steps_file)}))
+print(json.dumps({"tokens": toks, "logits": eng.state.logits[0].numpy().tolist(), "steps": str(eng.steps_file)}))
 """
 
 def run(model, cache, prompt, n, **env):
@@ -111,7 +111,7 @@ def test_loaded_steps_that_fail_are_captured_anew(model, tmp_path):
   class Broken:
     def __call__(self, *a, **k): raise RuntimeError("does not run here")
     captured = None
-  eng._jits[("decode", None)] = Broken()
+  eng.steps.jits["chunk1"] = Broken()
   warm_up(eng)
   assert not eng.steps_loaded and eng.steps_file == path and path.exists()  # rewritten from the new capture
-  assert len(eng._jits) == 4 and all(not isinstance(j, Broken) and j.captured is not None for j in eng._jits.values())
+  assert len(eng.steps.jits) == 4 and all(not isinstance(j, Broken) and j.captured is not None for j in eng.steps.jits.values())
