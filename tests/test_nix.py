@@ -11,7 +11,7 @@ Nix daemon, a binary cache or the network.
 nix-instantiate runs against a throw-away store and state directory under pytest's tmp_path, with
 no substituters and no user or system nix.conf.
 """
-import base64, json, os, pathlib, re, shlex, shutil, subprocess
+import base64, hashlib, json, os, pathlib, py_compile, re, shlex, shutil, subprocess, tarfile
 
 import pytest
 
@@ -101,27 +101,62 @@ def test_flake_inputs_match_lock(nix_env):
 
 # ---- package expressions ------------------------------------------------------------------------
 
+def eval_packages(nix_env) -> dict: return nix_eval(nix_env, "tests/nix/eval-packages.nix", lib=f"import {NIXPKGS_LIB}")
+
+STORE = "/nix/store/00000000000000000000000000000000-"
+
 @needs_nix
 @needs_lib
 def test_package_expressions(nix_env):
-  out = nix_eval(nix_env, "tests/nix/eval-packages.nix", lib=f"import {NIXPKGS_LIB}")
-  tg = out["tinygrad"]
+  out = eval_packages(nix_env)
+  tg, cpu = out["tinygradCuda"], out["tinygradCpu"]
   assert tg["version"] == "0.14.0" and tg["src"]["pname"] == "tinygrad"
-  assert "tinygrad.orin_llm_patches" in tg["pythonImportsCheck"]
+  assert {"tinygrad.orin_llm_patches", "tinygrad.runtime.ops_cpu", "tinygrad.runtime.ops_cuda"} <= set(tg["pythonImportsCheck"])
   if out["hasFileset"]:  # Nix >= 2.14
-    assert re.search(r"sh /nix/store/[a-z0-9]{32}-source/apply-patches.sh \.", tg["postPatch"])
-  cuda = out["orinLlmCuda"]
-  assert cuda["pname"] == "orin-llm" and cuda["version"] == "0.1.0"
-  assert {"numpy", "gguf", "tokenizers", "jinja2", "aiohttp", "prometheus-client", "tinygrad"} <= set(cuda["dependencies"])
-  env = cuda["runtimeEnv"]
-  assert env["CUDA_PATH"] == "/run/opengl-driver/lib/libcuda.so.1"
-  assert env["NVRTC_PATH"].endswith("cuda_nvrtc-lib/lib/libnvrtc.so")
-  assert env["NVJITLINK_PATH"].endswith("libnvjitlink-lib/lib/libnvJitLink.so")
-  assert env["CUDA_INCLUDE_PATH"].endswith("cuda_cudart-include/include")
-  args = cuda["makeWrapperArgs"]
-  assert args[:3] == ["--set-default", "DEV", "CUDA"]
-  for k, v in env.items(): assert ["--set-default", k, v] == args[args.index(k) - 1:args.index(k) + 2]
-  assert out["orinLlmCpu"] == {"makeWrapperArgs": ["--set-default", "DEV", "CPU"], "runtimeEnv": {}}
+    assert re.match(r"sh /nix/store/[a-z0-9]{32}-source/apply-patches.sh \.\n", tg["postPatch"])
+    assert tg["postPatch"].count("substituteInPlace ") == len(tg["substitutions"])
+  # every library and tool tinygrad would look for in /usr/lib, /lib or PATH, as a store path
+  new = {s["file"].removeprefix("tinygrad/runtime/"): s["new"] for s in tg["substitutions"]}
+  assert f"'{STORE}glibc-lib/lib/libc.so.6'" in new["autogen/libc.py"]
+  assert f"'{STORE}gcc-lib/lib/libgcc_s.so.1'" in new["ops_cpu.py"] and f"'{STORE}glibc-lib/lib/libm.so.6'" in new["ops_cpu.py"]
+  assert new["support/compiler_cpu.py"] == f"'{STORE}clang/bin/clang'"
+  assert "'/run/opengl-driver/lib/libcuda.so.1'" in new["autogen/cuda.py"]
+  assert f"'{STORE}cuda_nvrtc-lib/lib/libnvrtc.so'" in new["autogen/nvrtc.py"]
+  assert f"'{STORE}libnvjitlink-lib/lib/libnvJitLink.so'" in new["autogen/nvjitlink.py"]
+  assert f'"{STORE}cuda_cudart-include/include:{STORE}cuda_cccl-include/include"' in new["support/compiler_cuda.py"]
+  # without CUDA: the same, less the CUDA libraries
+  assert cpu["substitutions"] == [s for s in tg["substitutions"] if "cuda" not in s["file"] and "nv" not in s["file"]]
+  assert len(cpu["substitutions"]) == 3
+  app = out["orinLlmCuda"]
+  assert app["pname"] == "orin-llm" and app["version"] == "0.1.0"
+  assert {"numpy", "gguf", "tokenizers", "jinja2", "aiohttp", "prometheus-client", "tinygrad"} <= set(app["dependencies"])
+  # the wrapper sets the default device only: the library paths live in tinygrad's source
+  assert app["makeWrapperArgs"] == ["--set-default", "DEV", "CUDA"]
+  assert out["orinLlmCpu"]["makeWrapperArgs"] == ["--set-default", "DEV", "CPU"]
+
+@pytest.fixture
+def patched_tinygrad(tmp_path) -> pathlib.Path:
+  """The pinned sdist (downloaded by scripts/setup_venv.py into .cache) with apply-patches.sh run, as postPatch does."""
+  env = dict(l.split("=", 1) for l in (ROOT / "pkgs/tinygrad/source.env").read_text().splitlines() if l and not l.startswith("#"))
+  sdist = ROOT / ".cache" / f"tinygrad-{env['TINYGRAD_VERSION']}.tar.gz"
+  if not sdist.exists(): pytest.skip(f"{sdist.relative_to(ROOT)} absent (scripts/setup_venv.py downloads it)")
+  assert hashlib.sha256(sdist.read_bytes()).hexdigest() == env["TINYGRAD_SHA256"]
+  with tarfile.open(sdist) as tf: tf.extractall(tmp_path, filter="data")
+  src = tmp_path / f"tinygrad-{env['TINYGRAD_VERSION']}"
+  subprocess.run(["sh", ROOT / "pkgs/tinygrad/apply-patches.sh", src], check=True)
+  return src
+
+@needs_nix
+@needs_lib
+def test_tinygrad_substitutions_apply(nix_env, patched_tinygrad):
+  """`substituteInPlace --replace-fail` of every substitution finds its text in the patched sdist, and the
+  files still compile: what the Nix build would do, checked without building."""
+  for s in eval_packages(nix_env)["tinygradCuda"]["substitutions"]:
+    f = patched_tinygrad / s["file"]
+    text = f.read_text()
+    assert text.count(s["old"]) == 1, f"{s['file']}: {s['old']!r} occurs {text.count(s['old'])} times"
+    f.write_text(text.replace(s["old"], s["new"]))
+    py_compile.compile(str(f), doraise=True)
 
 # ---- the NixOS module ---------------------------------------------------------------------------
 
