@@ -13,7 +13,7 @@ Nix daemon, a binary cache or the network.
 nix-instantiate runs against a throw-away store and state directory under pytest's tmp_path, with
 no substituters and no user or system nix.conf.
 """
-import base64, hashlib, json, os, pathlib, py_compile, re, shutil, subprocess, tarfile
+import base64, hashlib, json, os, pathlib, py_compile, re, shutil, subprocess, sys, tarfile
 
 import pytest
 
@@ -159,6 +159,31 @@ def test_tinygrad_substitutions_apply(nix_env, patched_tinygrad):
     assert text.count(s["old"]) == 1, f"{s['file']}: {s['old']!r} occurs {text.count(s['old'])} times"
     f.write_text(text.replace(s["old"], s["new"]))
     py_compile.compile(str(f), doraise=True)
+
+def host_lib_dir(*names) -> str | None:
+  for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib64", "/usr/lib64"):
+    if all((pathlib.Path(d) / n).exists() for n in names): return d
+  return None
+
+@needs_nix
+@needs_lib
+def test_substituted_tinygrad_compiles_without_path(nix_env, patched_tinygrad):
+  """Finding 2: the CPU backend of the substituted tinygrad compiles and runs a kernel with nothing on
+  PATH. The store paths of the stand-ins are replaced by this host's clang and libraries."""
+  clang, libc_dir, gcc_dir = shutil.which("clang"), host_lib_dir("libc.so.6", "libm.so.6"), host_lib_dir("libgcc_s.so.1")
+  if not (clang and libc_dir and gcc_dir): pytest.skip("no clang, libc or libgcc_s on this host")
+  host = {f"{STORE}glibc-lib/lib": libc_dir, f"{STORE}gcc-lib/lib": gcc_dir, f"{STORE}clang/bin/clang": clang}
+  for s in eval_packages(nix_env)["tinygradCpu"]["substitutions"]:
+    new = s["new"]
+    for fake, real in host.items(): new = new.replace(fake, real)
+    f = patched_tinygrad / s["file"]
+    f.write_text(f.read_text().replace(s["old"], new))
+  code = "from tinygrad import Tensor; print((Tensor([0.0, 1.0]).exp() + 1).tolist())"
+  env = {"PATH": "/nonexistent", "PYTHONPATH": str(patched_tinygrad), "DEV": "CPU", "HOME": str(patched_tinygrad),
+         "CACHELEVEL": "0"}
+  r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=patched_tinygrad)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert json.loads(r.stdout) == pytest.approx([2.0, 3.7182818], rel=1e-6), r.stdout
 
 # ---- the NixOS module ---------------------------------------------------------------------------
 
