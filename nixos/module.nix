@@ -98,6 +98,7 @@ let
     ];
     UMask = "0077";
   };
+
   optionPath = name: [ "services" "orin-llm" ] ++ lib.splitString "." name;
 in
 {
