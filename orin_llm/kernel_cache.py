@@ -13,10 +13,12 @@ tinygrad opens the database lazily, at its first lookup, from the module global 
 in WAL mode, which cannot open a read-only file: a shipped database is copied first.
 
 `Counter` counts lookups (compiled programs and BEAM results) served from the file (hits) and
-compiled or searched (misses), so a server can say whether anything compiled after READY.
+compiled or searched (misses), so a server can say whether anything compiled after READY, and
+notes when compiling or BEAM search last made progress, so that the server's watchdog can tell a
+long search from a stuck thread.
 """
 from __future__ import annotations
-import dataclasses, hashlib, json, logging, os, pathlib, platform, re, shutil, tempfile
+import dataclasses, hashlib, json, logging, os, pathlib, platform, re, shutil, tempfile, time
 
 logger = logging.getLogger("orin_llm")
 ENV_DIR = "ORIN_LLM_CACHE_DIR"
@@ -130,7 +132,13 @@ class Counter:
   def __init__(self):
     self.hits = self.misses = self.searched = self.compiled = 0
     self.path: str | None = None
+    self.progress = 0.0  # time.monotonic() of the last lookup, compile or BEAM candidate timed in this process
     self._installed = self._warned = False
+
+  def progressed(self, within: float) -> bool:
+    """Compiling or BEAM search made progress within the last `within` seconds. A kernel first met at
+    request time can search for minutes; each candidate it times counts."""
+    return time.monotonic() - self.progress < within
 
   def snapshot(self) -> dict:
     return {"path": self.path, "hits": self.hits, "misses": self.misses, "compiled": self.compiled, "searched": self.searched}
@@ -150,10 +158,12 @@ class Counter:
     from tinygrad.codegen.opt import search
     pid, c = os.getpid(), self
     orig_device_get, orig_search_get, orig_lower = device.diskcache_get, search.diskcache_get, realize.lower_and_compile
+    orig_time = search._time_program
     # tinygrad's own lookups, counted where its modules call them: Compiler.compile_cached (device.py) looks
     # up a program, beam_search (search.py) a BEAM result; a None is a miss that tinygrad then compiles or searches
     def program_get(table, key):
       val = orig_device_get(table, key)
+      c.progress = time.monotonic()
       if os.getpid() == pid:
         c._in_parent += 1
         if val is None: c._miss("compiling")
@@ -161,6 +171,7 @@ class Counter:
       return val
     def beam_get(table, key):
       val = orig_search_get(table, key)
+      c.progress = time.monotonic()
       if table == "beam_search" and os.getpid() == pid:
         if val is None: c._miss("BEAM-searching")
         else: c.hits += 1
@@ -169,13 +180,18 @@ class Counter:
       n0, rows0, compiled0 = len(realize.to_program_cache), c._rows(), c.compiled
       c._in_parent = 0
       out = orig_lower(linear)
+      c.progress = time.monotonic()
       if (in_pool := len(realize.to_program_cache) - n0 - c._in_parent) > 0:
         missed = min(in_pool, max(0, c._rows() - rows0 - (c.compiled - compiled0)))
         c.hits += in_pool - missed
         if missed: c._miss("compiling", missed)
       return out
+    def time_program(*args, **kwargs):  # beam_search times each candidate through this module global
+      c.progress = time.monotonic()
+      return orig_time(*args, **kwargs)
     self._in_parent = 0
     device.diskcache_get, search.diskcache_get, realize.lower_and_compile = program_get, beam_get, lower_and_compile
+    search._time_program = time_program
 
   def _rows(self) -> int:
     """Inserts into the compile tables so far: the sum of their max(rowid), an index lookup each."""

@@ -38,6 +38,20 @@ def tinygrad_settings(cfg):
     if "BEAM" in env: helpers.BEAM.value = cfg.beam_width
     if "PARALLEL" in env: helpers.PARALLEL.value = cfg.beam_workers
 
+def spawn_beam_workers():
+  """serve starts BEAM workers with spawn: it forks from a process with CUDA initialised and threads
+  running (the event loop's, the engine's), where a forked worker can deadlock (patch 0001).
+  prewarm, which runs neither, keeps fork (prewarm.py)."""
+  if (ctx := os.environ.get("BEAM_MP_CTX", "spawn")) != "spawn":
+    logger.warning("BEAM_MP_CTX=%s ignored: serve starts BEAM workers with spawn (fork can deadlock a process with threads and CUDA)", ctx)
+  os.environ["BEAM_MP_CTX"] = "spawn"
+
+def engine_alive(worker, max_age: float) -> bool:
+  """The engine thread beat within max_age, or it is compiling or BEAM-searching a kernel and that made
+  progress within max_age (kernel_cache.Counter.progressed): a search at request time is no hang."""
+  from orin_llm.kernel_cache import COUNTER
+  return worker.alive(max_age) or (worker.thread.is_alive() and COUNTER.progressed(max_age))
+
 def load_engine(cfg):
   from orin_llm.engine import Engine
   from orin_llm.tokenizer import Tokenizer
@@ -75,7 +89,7 @@ async def serve(cfg, stop: asyncio.Event | None = None, on_listening=None, load=
     while True:
       if worker.state == "error": stop.set(); return
       # a wedged engine thread stops the pings, and systemd restarts the service
-      if interval and loop.time() - last >= interval and worker.alive(2 * interval):
+      if interval and loop.time() - last >= interval and engine_alive(worker, 2 * interval):
         systemd.notify("WATCHDOG=1"); last = loop.time()
       await asyncio.sleep(0.25)
   watcher = asyncio.create_task(watch())
@@ -99,6 +113,7 @@ def cmd_serve(args: argparse.Namespace):
   cfg = config.resolve(args)
   tinygrad_settings(cfg)
   systemd.log_to_journal(logging.getLogger("orin_llm"))
+  spawn_beam_workers()
   worker = asyncio.run(serve(cfg))
   if worker.thread.is_alive():  # stopped while the engine thread was still loading or compiling: it cannot be interrupted
     logging.shutdown()
