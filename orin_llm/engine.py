@@ -201,8 +201,11 @@ class Engine:
     if any(len(self.slots[s].cached) + n > self.max_context for s in slots): raise OrinError("decode past the end of the context")
     assert all(self.slots[s].next is not None for s in slots), "decode needs each slot's last choice (first_token)"
     greedy_only = all(self.slots[s].sampling is None or self.slots[s].sampling.greedy for s in slots)
+    # each step's input is next_tok, which the previous choice wrote; written here from the host's copy first, since a
+    # batch's idle rows choose (and write next_tok) too, for slots that may be joining or waiting to be reused
     if len(slots) == 1:
       s = slots[0]
+      self._copy_in(self.state.next_tok, s, np.array([self.slots[s].next], np.int32))
       step, choose, base = self.steps.chunk(1), self.steps.choose("one", greedy_only), len(self.slots[s].cached)
       for i in range(n):
         step(self.v_pos.bind(base + i), self.v_slot.bind(s), self.v_len.bind(1))
@@ -210,6 +213,7 @@ class Engine:
       out = self.state.hist[0:n, s].numpy().reshape(n, 1)
     else:
       B = next(b for b in self.batch_sizes if b > max(slots))
+      self._copy_in(self.state.next_tok, 0, np.array([self.slots[b].next or 0 for b in range(B)], np.int32))
       step, choose = self.steps.batch(B), self.steps.choose(f"batch{B}", greedy_only)
       # rows of idle slots sit at their slot's length: what they write there lies past everything the slot caches
       base = [min(len(self.slots[b].cached), self.max_context - n) for b in range(B)]

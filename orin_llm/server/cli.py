@@ -17,7 +17,8 @@ def add_parser(sub):
   p.add_argument("--port", type=int, help="TCP port (default 8080)")
   p.add_argument("--context", type=int, help="context length to allocate (default: min(model's, 4096))")
   p.add_argument("--api-key-file", help="file holding the API key clients must send as 'Authorization: Bearer <key>'")
-  p.add_argument("--queue-size", type=int, help="requests that may wait for the engine; more get 429 (default 16)")
+  p.add_argument("--queue-size", type=int, help="requests that may wait for a slot; more get 429 (default 16)")
+  p.add_argument("--max-batch", type=int, help="requests generating at once, each in a KV-cache slot of its own (default 4)")
   p.set_defaults(fn=cmd_serve)
 
 def tinygrad_settings(cfg):
@@ -55,7 +56,8 @@ def engine_alive(worker, max_age: float) -> bool:
 def load_engine(cfg):
   from orin_llm.engine import Engine
   from orin_llm.tokenizer import Tokenizer
-  eng = Engine(cfg.model, max_context=cfg.context_length, cache=cfg.kernel_cache_directory or True, shipped=cfg.kernel_cache_shipped)
+  eng = Engine(cfg.model, max_context=cfg.context_length, cache=cfg.kernel_cache_directory or True, shipped=cfg.kernel_cache_shipped,
+               max_batch=cfg.max_batch)
   return eng, Tokenizer.from_metadata(eng.file.metadata)
 
 async def serve(cfg, stop: asyncio.Event | None = None, on_listening=None, load=load_engine):

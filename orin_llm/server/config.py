@@ -15,6 +15,7 @@ class ServerConfig:
   api_key_file: str | None = None      # the same, read from a file (systemd LoadCredential=)
   queue_size: int = 16                 # requests waiting behind the running one; more get 429
   max_tokens_default: int = 512        # max_tokens when a request gives none
+  max_batch: int = 4                   # KV-cache slots: requests generating at once (continuous batching)
   beam_width: int = 0                  # [beam] width: tinygrad BEAM search (0: off)
   beam_workers: int | None = None      # [beam] workers: processes of the search (None: tinygrad's default)
   kernel_cache_directory: str | None = None  # [kernel_cache] directory: kernel databases and repacked planes (None: kernel_cache.cache_dir())
@@ -30,6 +31,7 @@ _KEYS = {
   "api_key": ("api_key", str, bool, "a non-empty string"), "api_key_file": ("api_key_file", str, bool, "a non-empty string"),
   "queue_size": ("queue_size", int, _positive, "a positive integer"),
   "max_tokens_default": ("max_tokens_default", int, _positive, "a positive integer"),
+  "max_batch": ("max_batch", int, lambda v: 1 <= v <= 64, "an integer in 1..64"),
   "hugepages": ("hugepages", str, lambda v: v in ("auto", "off"), '"auto" or "off"'),
 }
 _TABLES = {
@@ -69,11 +71,11 @@ def resolve(args) -> ServerConfig:
   """The configuration of `orin-llm serve`: the file, then the flags, then checks that need the file system."""
   cfg = from_toml(args.config) if args.config else ServerConfig()
   flags = {"model": args.model, "host": args.host, "port": args.port, "context_length": args.context,
-           "api_key_file": args.api_key_file, "queue_size": args.queue_size}
+           "api_key_file": args.api_key_file, "queue_size": args.queue_size, "max_batch": getattr(args, "max_batch", None)}
   where = "command line"
   for k, v in flags.items():
     if v is None: continue
-    flag = {"context_length": "--context", "api_key_file": "--api-key-file", "queue_size": "--queue-size"}.get(k, f"--{k}")
+    flag = {"context_length": "--context", "api_key_file": "--api-key-file", "queue_size": "--queue-size", "max_batch": "--max-batch"}.get(k, f"--{k}")
     spec = _KEYS[k]
     _check(where, flag, v, spec)
     cfg = replace(cfg, **{k: v})
