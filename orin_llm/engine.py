@@ -36,6 +36,7 @@ DEFAULT_CHUNK, NO_TC_CHUNK, SMALL_CHUNK, SMALL_CHUNK_MAX = 512, 32, 32, 256
 # which overlaps the device's work only while steps are queued; 8 tokens arrive together (~13 ms at 600 tok/s)
 DEFAULT_LOOKAHEAD = 8
 HIST = 16  # rows of the token history: the most decode steps queued at once (and verify rows)
+VERIFY_SIZES = (4, 8, 16)  # rows of the compiled verify steps (speculative decoding): a verify runs in the smallest that holds it
 BATCH_SIZES = (2, 4, 8)  # decode steps compiled for several sequences: a batch runs in the smallest that holds it
 
 @dataclass
@@ -86,7 +87,7 @@ class Engine:
                                 fuse=fused_groups(self.cfg, {n: t.qtype for n, t in self.file.tensors.items()}))
     # a prefill chunk always runs `chunk` rows (a constant shape: matrix products on tensor cores, no symbolic
     # length); the last one of a prompt is padded, so the cache, tables and prompt reach a chunk further
-    self.model = Transformer(self.cfg, self.weights, self.max_context, self.device, pad=self.chunk, slots=max_batch)
+    self.model = Transformer(self.cfg, self.weights, self.max_context, self.device, pad=max(self.chunk, VERIFY_SIZES[-1]), slots=max_batch)
     self.state = RunState(self.model.capacity, max_batch, self.cfg.vocab_size, self.device)
     self.slots = [Slot() for _ in range(max_batch)]
     self.batch_sizes = tuple(b for b in BATCH_SIZES if b <= max_batch) + ((max_batch,) if max_batch > 1 and max_batch not in BATCH_SIZES else ())
@@ -228,11 +229,35 @@ class Engine:
       c.cached, c.next = c.cached + [c.next] + out[:n - 1, j].tolist(), int(out[n - 1, j])
     return out
 
+  def verify(self, slot: int, proposals: list[int]) -> list[int]:
+    """Speculative decoding's step (speculative.py): the slot's last choice and the proposed tokens after it run as
+    one step, each row choosing as a decode step at its position would; the proposals are accepted while they equal
+    those choices. Returns the tokens chosen up to and including the first that differs from its proposal (all of
+    them when every proposal holds): 1 to len(proposals)+1 tokens. The slot then caches its last choice and the
+    accepted proposals; what the rejected ones wrote into the cache lies past that and is overwritten later."""
+    s = self.slots[slot]
+    assert s.next is not None and proposals
+    pos = len(s.cached)
+    proposals = proposals[:max(0, min(VERIFY_SIZES[-1] - 1, self.max_context - 1 - pos))]
+    if not proposals: return self.decode([slot], 1)[:, 0].tolist()
+    rows = [s.next] + proposals
+    K = next(v for v in VERIFY_SIZES if v >= len(rows))
+    self._copy_in(self.state.prompt, pos, np.array(rows + [0] * (K - len(rows)), np.int32))
+    greedy_only = s.sampling is None or s.sampling.greedy
+    self.steps.verify(K)(self.v_pos.bind(pos), self.v_slot.bind(slot))
+    self.steps.choose(f"verify{K}", greedy_only)(self.v_pos.bind(pos), self.v_slot.bind(slot))
+    chosen = self.state.hist[0:K, slot].numpy()[:len(rows)].tolist()
+    a = 0
+    while a < len(proposals) and proposals[a] == chosen[a]: a += 1
+    s.cached, s.next = s.cached + rows[:a + 1], chosen[a]
+    return chosen[:a + 1]
+
   # ------------------------------------------------------------------ generation
   def generate(self, prompt: list[int], max_new: int, sampling: Sampling = Sampling(), stop_ids=frozenset(),
-               lookahead: int = DEFAULT_LOOKAHEAD, slot: int = 0) -> Iterator[int]:
+               lookahead: int = DEFAULT_LOOKAHEAD, slot: int = 0, speculator=None) -> Iterator[int]:
     """Yields up to max_new tokens after the prompt, ending after a token in stop_ids (yielded) or at the end of the
-    context. Keys and values of a prompt prefix the slot holds from before are reused."""
+    context. Keys and values of a prompt prefix the slot holds from before are reused. speculator
+    (speculative.Speculator): tokens come from verify steps over its proposals while it has any."""
     tok = self.prefill(slot, prompt, sampling)
     pos, produced, pending = len(prompt), 0, [tok]  # pos: where tok goes
     while pending:
@@ -241,8 +266,17 @@ class Engine:
       yield tok
       if tok in stop_ids or produced >= max_new or pos + 1 >= self.max_context: break
       if not pending:
-        n = max(1, min(lookahead, HIST, max_new - produced, self.max_context - 1 - pos))
-        pending = self.decode([slot], n)[:, 0].tolist()
+        room = min(max_new - produced, self.max_context - 1 - pos)  # tokens still wanted and allowed
+        s = self.slots[slot]
+        if speculator is not None and (k := min(speculator.want(), room - 1)) > 0 and \
+           (props := speculator.source.propose(s.cached + [s.next], k)[:k]):
+          pending = self.verify(slot, props)
+          speculator.update(len(props), len(pending) - 1)
+        else:
+          # while speculating, plain decoding runs in short stretches: proposals may appear after any token
+          n = max(1, min(lookahead if speculator is None or speculator.resting else 2, HIST, room))
+          pending = self.decode([slot], n)[:, 0].tolist()
+          if speculator is not None: speculator.rested(n)
       pos += 1
 
   def forward(self, tokens: list[int], start: int, slot: int = 0) -> "np.ndarray":
@@ -262,7 +296,8 @@ class Steps:
   """The engine's compiled steps (TinyJits), by name:
   chunk{T}       one sequence, T tokens from start_pos in slot `slot` (T = 1: decoding alone) -> logits[0] of row chunk_len
   batch{B}       sequences in slots 0..B-1, one token each at pos0..pos{B-1} -> logits[0:B]
-  choose-{rows}-{greedy|sampled}  a token per row of logits -> next_tok and hist[hist_row]
+  verify{K}      one sequence, K tokens from start_pos in slot `slot` -> logits[0:K] of every row (speculative decoding)
+  choose-{rows}-{greedy|sampled}  a token per row of logits -> next_tok and hist[hist_row] (verify: hist[0:K, slot])
   Model and choice are apart: greedy and sampled requests share the model's graphs, which are what a start-up spends
   its time capturing (docs/PERF.md: start-up)."""
   def __init__(self, eng: Engine):
@@ -293,6 +328,12 @@ class Steps:
       return st.logits[0:B].assign(e.model(st.next_tok[0:B], Rows(tuple(pos), 1, 0, blocks))).realize()
     return self._get(f"batch{B}", fn)
 
+  def verify(self, K: int) -> TinyJit:
+    e, st = self.eng, self.eng.state
+    def fn(pos, slot):
+      return st.logits[0:K].assign(e.model(st.prompt[pos:pos + K], Rows((pos,), K, slot), all_rows=True)).realize()
+    return self._get(f"verify{K}", fn)
+
   def choose(self, rows: str, use_greedy: bool) -> TinyJit:
     """rows "one": logits[0] for the slot `slot` at position start_pos; "batch{B}": logits[0:B] for slots 0..B-1."""
     st = self.eng.state
@@ -302,6 +343,11 @@ class Steps:
       def fn(pos, slot, row):
         t = pick(st.logits[0:1], st.params[slot:slot + 1], pos)
         return Tensor.realize(st.next_tok[slot:slot + 1].assign(t), st.hist[row:row + 1, slot:slot + 1].assign(t.reshape(1, 1)))
+    elif rows.startswith("verify"):  # K rows of one sequence, row i choosing the token at position start_pos+i+1
+      K = int(rows.removeprefix("verify"))
+      def fn(pos, slot):
+        t = pick(st.logits[0:K], st.params[slot:slot + 1].expand(K, 4), Tensor(pos).reshape(1) + 1 + Tensor.arange(K))
+        return st.hist[0:K, slot:slot + 1].assign(t.reshape(K, 1)).realize()
     else:
       B = int(rows.removeprefix("batch"))
       def fn(*args):
