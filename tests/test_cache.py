@@ -77,7 +77,7 @@ def test_prewarm_then_server_start_compiles_nothing(tiny, tmp_path):
   code = f"""
 import json
 from orin_llm.engine import Engine
-from orin_llm.prewarm import warm_up
+from orin_llm.warmup import warm_up
 from orin_llm.kernel_cache import COUNTER
 eng = Engine({str(tiny)!r}, max_context=128, cache={str(tmp_path)!r})
 warm_up(eng)
@@ -158,7 +158,7 @@ def test_requests_after_warm_up_compile_nothing(tiny, tmp_path, rng):
   """After the server's warm-up, prompts of lengths it never saw, prefix reuse and new sampling settings run
   only what was compiled: writing the prompt and the parameters is a copy, not a kernel per length and offset."""
   from orin_llm.engine import Engine
-  from orin_llm.prewarm import warm_up
+  from orin_llm.warmup import warm_up
   from orin_llm.sampling import Sampling
   from orin_llm.kernel_cache import COUNTER
   eng = Engine(tiny, max_context=128, chunk=16, cache=tmp_path)

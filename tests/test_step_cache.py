@@ -52,7 +52,7 @@ def check_against_reference(model, prompt, out):
   assert np.linalg.norm(got - logits) / np.linalg.norm(logits) < 1e-2
 
 def test_loaded_steps_match_reference(model, tmp_path, rng):
-  from orin_llm.prewarm import warm_up
+  from orin_llm.warmup import warm_up
   eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
   assert eng.steps_file is None  # nothing kept yet
   warm_up(eng)  # captures every step, then keeps them
@@ -103,7 +103,7 @@ def test_refuses_steps_that_read_unnamed_buffers(model, tmp_path, monkeypatch):
 def test_loaded_steps_that_fail_are_captured_anew(model, tmp_path):
   """A loaded step that raises when the warm-up runs it (a file that unpickles but does not fit this process) is
   dropped: the warm-up captures the steps anew and rewrites the file."""
-  from orin_llm.prewarm import warm_up
+  from orin_llm.warmup import warm_up
   warm_up(Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path))
   eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
   path = eng.steps_file
