@@ -31,43 +31,54 @@ def load(args):
   eng = Engine(model_path(args), max_context=args.context, device=settings.open_device())
   return eng, Tokenizer.from_metadata(eng.file.metadata)
 
-def stream_out(tok, ids) -> list[int]:
-  """Writes generated tokens to stdout as text, whole characters only; returns the ids."""
+def chat_ids(tmpl, tok, messages: list[dict]) -> list[int]:
+  """The prompt of a chat: the template rendered (with the assistant's turn opened) and encoded, with
+  no BOS of the tokenizer's where the template wrote one itself."""
+  text = tmpl.render(messages)
+  return tok.encode(text, bos=False if tok.bos_id is not None and text.startswith(tok.token_text(tok.bos_id)) else None)
+
+def answer(eng, tok, ids: list[int], n: int, sampling, first: bool = False) -> list[int]:
+  """Streams the tokens generated after ids to stdout as text (whole characters only), then a newline;
+  returns the ids. On a terminal, log lines never split the answer: the first answer of a process runs
+  the prompt and one decode step beforehand, so that the engine compiles its steps (and says so) before
+  any text is shown (the answer then reuses the prompt's keys and values: only its last token runs again),
+  and any other log line is held until the answer has ended."""
+  from orin_llm import log
+  screen = log.shares_screen()
+  if first and screen:
+    for _ in eng.generate(ids, 2, sampling, tok.stop_ids): pass
   dec, out = tok.stream(), []
-  for i in ids:
-    out.append(i)
-    if i in tok.stop_ids: break
-    sys.stdout.write(dec.push(i)); sys.stdout.flush()
-  sys.stdout.write(dec.flush()); sys.stdout.flush()
+  with log.held(screen):
+    for i in eng.generate(ids, n, sampling, tok.stop_ids):
+      out.append(i)
+      if i in tok.stop_ids: break
+      sys.stdout.write(dec.push(i)); sys.stdout.flush()
+    sys.stdout.write(dec.flush() + "\n"); sys.stdout.flush()
   return out
 
 def cmd_generate(args):
   eng, tok = load(args)
   if args.chat:
     from orin_llm.chat import ChatTemplate
-    text = ChatTemplate.from_metadata(eng.file.metadata).render([{"role": "user", "content": args.prompt}])
-    ids = tok.encode(text, bos=False if tok.bos_id is not None and text.startswith(tok.token_text(tok.bos_id)) else None)
+    ids = chat_ids(ChatTemplate.from_metadata(eng.file.metadata), tok, [{"role": "user", "content": args.prompt}])
   else: ids = tok.encode(args.prompt)
   if args.n < 1: raise OrinError("-n must be at least 1")
-  stream_out(tok, eng.generate(ids, args.n, sampling_of(args), tok.stop_ids))
-  sys.stdout.write("\n")
+  answer(eng, tok, ids, args.n, sampling_of(args), first=True)
 
 def cmd_chat(args):
   from orin_llm.chat import ChatTemplate
   eng, tok = load(args)
   tmpl, messages = ChatTemplate.from_metadata(eng.file.metadata), []
   if args.system: messages.append({"role": "system", "content": args.system})
-  interactive = sys.stdin.isatty()
+  interactive, first = sys.stdin.isatty(), True
   while True:
     try: line = input("> " if interactive else "")
     except EOFError: break
     if not line.strip(): continue
     messages.append({"role": "user", "content": line})
-    text = tmpl.render(messages)
-    ids = tok.encode(text, bos=False if tok.bos_id is not None and text.startswith(tok.token_text(tok.bos_id)) else None)
     # the KV cache of earlier turns is reused: generate() runs only the tokens after the common prefix
-    reply = stream_out(tok, eng.generate(ids, args.n, sampling_of(args), tok.stop_ids))
-    sys.stdout.write("\n")
+    reply = answer(eng, tok, chat_ids(tmpl, tok, messages), args.n, sampling_of(args), first=first)
+    first = False
     messages.append({"role": "assistant", "content": tok.decode([i for i in reply if i not in tok.stop_ids])})
 
 def cmd_info(args):
