@@ -13,10 +13,26 @@ def add_parser(sub):
   p.add_argument("--json", help="also write the results to this file")
   p.add_argument("--beam", type=int, default=None, help="BEAM search width for kernel optimization (default: tinygrad's BEAM env)")
   p.add_argument("--tokens", "-n", type=int, default=128, help="decoded tokens to time (default 128)")
-  p.add_argument("--prompt", default="512,2048", help="prefill lengths, comma-separated (default 512,2048)")
+  p.add_argument("--prompt", default=None, help="prefill lengths, comma-separated (default 512,2048, clipped to the context)")
   p.add_argument("--lookahead", type=int, default=None, help="decode steps queued before the host reads tokens (default: the engine's, as served)")
   p.add_argument("--context", type=int, default=None, help="context to allocate (default: longest prompt + tokens + 64)")
   p.set_defaults(fn=cmd_bench)
+
+DEFAULT_PROMPTS = (512, 2048)
+
+def fit_prompts(lens: list[int], context: int, given: bool) -> list[int]:
+  """Prompt lengths that leave the context room for the token after the prompt: lengths the user gave must,
+  the defaults are clipped to it with a note (a model of context 2048 gets 512 and 2047)."""
+  if given:
+    if max(lens) >= context:
+      raise OrinError(f"--prompt {max(lens)}: the context holds {context} tokens (a prompt and the token after it); "
+                      "give shorter prompts or a longer --context (the model's own is the most)")
+    return lens
+  fit = sorted({min(n, context - 1) for n in lens})
+  if fit != lens:
+    log.info(f"bench: the context holds {context} tokens: prefill lengths {','.join(map(str, fit))} instead of "
+             f"{','.join(map(str, lens))} (--prompt and --context choose others)")
+  return fit
 
 def decode_bytes(eng) -> int:
   """Bytes one decode step must read: every weight plane once, except the embedding table, of which
@@ -92,9 +108,12 @@ def cmd_bench(args):
   settings.apply(beam=args.beam)
   model = settings.model_path(args)
   from orin_llm.engine import Engine
-  prompt_lens = [int(n) for n in str(args.prompt).split(",")]
+  try: prompt_lens = [int(n) for n in args.prompt.split(",")] if args.prompt else list(DEFAULT_PROMPTS)
+  except ValueError: raise OrinError(f"--prompt {args.prompt!r}: give prompt lengths as comma-separated integers") from None
   device = settings.open_device()
+  # the model's own context may be shorter: the engine allocates the lesser
   eng = Engine(model, max_context=args.context or max(prompt_lens) + args.tokens + 64, device=device)
+  prompt_lens = fit_prompts(prompt_lens, eng.max_context, given=args.prompt is not None)
   from orin_llm.engine import DEFAULT_LOOKAHEAD
   ours = bench_ours(eng, args.tokens, prompt_lens, args.lookahead or DEFAULT_LOOKAHEAD)
   res = {"model": str(model), "device": device, "beam": settings.beam_width(), "ours": ours,
