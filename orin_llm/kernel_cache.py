@@ -16,8 +16,9 @@ in WAL mode, which cannot open a read-only file: a shipped database is copied fi
 compiled or searched (misses), so a server can say whether anything compiled after READY.
 """
 from __future__ import annotations
-import dataclasses, hashlib, json, logging, os, pathlib, platform, re, shutil, tempfile
-from orin_llm.settings import ENV_DIR, cache_dir, beam_width  # noqa: F401  (the directory and BEAM width: settings.py)
+import dataclasses, hashlib, json, logging, os, pathlib, platform, re, shutil
+from orin_llm.fileutil import AtomicFile
+from orin_llm.settings import cache_dir, beam_width  # the directory and BEAM width are settings (engine.py calls cache_dir here)
 
 logger = logging.getLogger("orin_llm")
 
@@ -56,14 +57,8 @@ def install_shipped(target: pathlib.Path, shipped: str | os.PathLike | None) -> 
   if src.is_dir(): src = src / target.name
   if not src.is_file(): return False
   target.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".db")
-  try:
-    with os.fdopen(fd, "wb") as out, open(src, "rb") as f: shutil.copyfileobj(f, out, 1 << 20)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, target)  # atomic: another process never sees half a database
-  except BaseException:
-    pathlib.Path(tmp).unlink(missing_ok=True)
-    raise
+  # atomic: another process never sees half a database
+  with AtomicFile(target) as out, open(src, "rb") as f: shutil.copyfileobj(f, out, 1 << 20)
   logger.info(f"kernel cache: copied the shipped {src} to {target}")
   return True
 
