@@ -3,7 +3,7 @@ JSON); progress and logs go to stderr; an error a user can act on is one line an
 from __future__ import annotations
 import argparse, json, os, sys
 from orin_llm.errors import OrinError
-from orin_llm.settings import default_model, model_path  # noqa: F401  (default_model: imported from here before settings.py)
+from orin_llm.settings import model_path
 from orin_llm import bench, prewarm, settings
 from orin_llm.server import cli as server_cli
 

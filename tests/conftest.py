@@ -1,4 +1,4 @@
-import os, pathlib, sys
+import os, pathlib
 import numpy as np
 import pytest
 

@@ -1,5 +1,5 @@
 """Kernel cache selection, shipped databases, prewarm -> no compiles, the packed-planes cache."""
-import json, os, pathlib, stat, subprocess, sys
+import json, os, pathlib, subprocess, sys
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT, GGML_QUANT_SIZES
@@ -114,7 +114,7 @@ def test_repack_fast_path_matches_elementwise():
     rows, cols = 37, block * 3
     raw = rng.integers(0, 256, (rows, cols // block * bsize), dtype=np.uint8)
     fast = repack(raw, qt, rows, cols)
-    b, n = raw.reshape(-1, bsize), rows * cols // 256
+    b = raw.reshape(-1, bsize)
     if qt == QT.Q8_0: u = b[:, 2:34] ^ np.uint8(0x80)
     elif qt == QT.Q6_K:
       ql, qh = b[:, 0:128].reshape(-1, 2, 64), b[:, 128:192].reshape(-1, 2, 1, 32)

