@@ -12,11 +12,13 @@ LLAMA_VOCAB = SHARED / "ggml-vocab-llama-bpe.gguf"
 QWEN_VOCAB = SHARED / "ggml-vocab-qwen2.gguf"
 
 # Fresh random models and inputs every run, all drawn from one seed: $ORIN_TEST_SEED, else a new one. It is printed in
-# pytest's header and by every test that draws; ORIN_TEST_SEED=<it> replays the run, any of its tests alone included
+# pytest's header and summary and by every test that draws; ORIN_TEST_SEED=<it> replays the run, any of its tests alone included
 # (each draw's seed comes from the run's and the draw's name, not from the order of the draws).
 SEED = int(os.environ.get("ORIN_TEST_SEED") or np.random.SeedSequence().entropy % (1 << 32))
 
 def pytest_report_header(config): return f"ORIN_TEST_SEED={SEED} (random models and inputs; set it to replay this run)"
+def pytest_terminal_summary(terminalreporter):  # also under -q, which leaves out the header
+  terminalreporter.write_line(f"ORIN_TEST_SEED={SEED} (random models and inputs; set it to replay this run)")
 
 def seed_for(what: str) -> int:
   """The seed of one draw (a synthetic model, a test's inputs), from the run's seed and the draw's name."""
