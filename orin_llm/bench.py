@@ -1,10 +1,10 @@
 """`orin-llm bench`: decode and prefill speed of our engine, and of llama.cpp's llama-bench on the
 same file in the same invocation, with the ratio ours / llama.cpp for each figure."""
 from __future__ import annotations
-import json, os, shutil, statistics, subprocess, sys, time
+import json, os, shutil, statistics, subprocess, time
 import numpy as np
 from orin_llm.errors import OrinError
-from orin_llm import log
+from orin_llm import log, settings
 
 def add_parser(sub):
   p = sub.add_parser("bench", help="measure decode/prefill speed, side by side with llama.cpp")
@@ -13,10 +13,26 @@ def add_parser(sub):
   p.add_argument("--json", help="also write the results to this file")
   p.add_argument("--beam", type=int, default=None, help="BEAM search width for kernel optimization (default: tinygrad's BEAM env)")
   p.add_argument("--tokens", "-n", type=int, default=128, help="decoded tokens to time (default 128)")
-  p.add_argument("--prompt", default="512,2048", help="prefill lengths, comma-separated (default 512,2048)")
+  p.add_argument("--prompt", default=None, help="prefill lengths, comma-separated (default 512,2048, clipped to the context)")
   p.add_argument("--lookahead", type=int, default=None, help="decode steps queued before the host reads tokens (default: the engine's, as served)")
   p.add_argument("--context", type=int, default=None, help="context to allocate (default: longest prompt + tokens + 64)")
   p.set_defaults(fn=cmd_bench)
+
+DEFAULT_PROMPTS = (512, 2048)
+
+def fit_prompts(lens: list[int], context: int, given: bool) -> list[int]:
+  """Prompt lengths that leave the context room for the token after the prompt: lengths the user gave must,
+  the defaults are clipped to it with a note (a model of context 2048 gets 512 and 2047)."""
+  if given:
+    if max(lens) >= context:
+      raise OrinError(f"--prompt {max(lens)}: the context holds {context} tokens (a prompt and the token after it); "
+                      "give shorter prompts or a longer --context (the model's own is the most)")
+    return lens
+  fit = sorted({min(n, context - 1) for n in lens})
+  if fit != lens:
+    log.info(f"bench: the context holds {context} tokens: prefill lengths {','.join(map(str, fit))} instead of "
+             f"{','.join(map(str, lens))} (--prompt and --context choose others)")
+  return fit
 
 def decode_bytes(eng) -> int:
   """Bytes one decode step must read: every weight plane once, except the embedding table, of which
@@ -88,16 +104,18 @@ def bench_llama(binary: str, model: str, n_tokens: int, prompt_lens: list[int]) 
   return out
 
 def cmd_bench(args):
-  from orin_llm.cli import model_path
-  if args.beam is not None: os.environ["BEAM"] = str(args.beam)
+  settings.apply(beam=args.beam)
+  model = settings.model_path(args)
   from orin_llm.engine import Engine
-  from tinygrad import Device
-  model = model_path(args)
-  prompt_lens = [int(n) for n in str(args.prompt).split(",")]
-  eng = Engine(model, max_context=args.context or max(prompt_lens) + args.tokens + 64)
+  try: prompt_lens = [int(n) for n in args.prompt.split(",")] if args.prompt else list(DEFAULT_PROMPTS)
+  except ValueError: raise OrinError(f"--prompt {args.prompt!r}: give prompt lengths as comma-separated integers") from None
+  device = settings.open_device()
+  # the model's own context may be shorter: the engine allocates the lesser
+  eng = Engine(model, max_context=args.context or max(prompt_lens) + args.tokens + 64, device=device)
+  prompt_lens = fit_prompts(prompt_lens, eng.max_context, given=args.prompt is not None)
   from orin_llm.engine import DEFAULT_LOOKAHEAD
   ours = bench_ours(eng, args.tokens, prompt_lens, args.lookahead or DEFAULT_LOOKAHEAD)
-  res = {"model": str(model), "device": Device.DEFAULT, "beam": int(os.environ.get("BEAM", "0") or 0), "ours": ours,
+  res = {"model": str(model), "device": device, "beam": settings.beam_width(), "ours": ours,
          "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
   binary = args.llama_bench or shutil.which("llama-bench")
   if binary:

@@ -4,7 +4,7 @@ tinygrad keeps compiled programs and BEAM search results in one database (`CACHE
 hold no GPU architecture, so a database filled on one GPU must not be used on another. We choose
 the file ourselves:
     <dir>/kernels-<device>-<arch>-tinygrad<version>+<patches8>-<model8>-beam<N>.db
-dir: --cache, [kernel_cache] directory, $ORIN_LLM_CACHE_DIR, else ~/.cache/orin-llm. The model
+dir: --cache, [kernel_cache] directory, $ORIN_LLM_CACHE_DIR, else ~/.cache/orin-llm (settings.py). The model
 hash covers the ModelConfig and the tensors' shapes and types, not the weights nor the context
 length (kernels of another context land in the same file; tinygrad's keys tell them apart).
 
@@ -18,15 +18,11 @@ notes when compiling or BEAM search last made progress, so that the server's wat
 long search from a stuck thread.
 """
 from __future__ import annotations
-import dataclasses, hashlib, json, logging, os, pathlib, platform, re, shutil, tempfile, time
+import dataclasses, hashlib, json, logging, os, pathlib, platform, re, shutil, time
+from orin_llm.fileutil import AtomicFile
+from orin_llm.settings import cache_dir, beam_width  # the directory and BEAM width are settings (engine.py calls cache_dir here)
 
 logger = logging.getLogger("orin_llm")
-ENV_DIR = "ORIN_LLM_CACHE_DIR"
-
-def cache_dir(explicit: str | os.PathLike | None = None) -> pathlib.Path:
-  if explicit: return pathlib.Path(explicit)
-  if os.environ.get(ENV_DIR): return pathlib.Path(os.environ[ENV_DIR])
-  return pathlib.Path(os.path.expanduser("~/.cache")) / "orin-llm"
 
 def _h8(obj) -> str: return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:8]
 def _clean(s: str) -> str: return re.sub(r"[^A-Za-z0-9_.]+", "-", s).strip("-").lower()
@@ -52,10 +48,6 @@ def model_shape(cfg, tensors) -> str:
   """Hash of what decides the kernels: the config and each tensor's shape and type (not the weights)."""
   return _h8([dataclasses.asdict(cfg), sorted((t.name, list(t.shape), t.qtype.name) for t in tensors.values())])
 
-def beam_width() -> int:
-  from tinygrad.helpers import BEAM
-  return int(BEAM.value)
-
 def db_name(device: str, arch: str, build: str, shape: str, beam: int) -> str:
   return f"kernels-{device}-{arch}-tinygrad{build}-{shape}-beam{beam}.db"
 
@@ -67,14 +59,8 @@ def install_shipped(target: pathlib.Path, shipped: str | os.PathLike | None) -> 
   if src.is_dir(): src = src / target.name
   if not src.is_file(): return False
   target.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".db")
-  try:
-    with os.fdopen(fd, "wb") as out, open(src, "rb") as f: shutil.copyfileobj(f, out, 1 << 20)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, target)  # atomic: another process never sees half a database
-  except BaseException:
-    pathlib.Path(tmp).unlink(missing_ok=True)
-    raise
+  # atomic: another process never sees half a database
+  with AtomicFile(target) as out, open(src, "rb") as f: shutil.copyfileobj(f, out, 1 << 20)
   logger.info(f"kernel cache: copied the shipped {src} to {target}")
   return True
 

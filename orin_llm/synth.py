@@ -7,11 +7,11 @@ valid blocks of the type, whatever ggml's own quantizer would have made of them.
 """
 from __future__ import annotations
 import pathlib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as QT, GGML_QUANT_SIZES
-from orin_llm.config import ModelConfig
+from orin_llm.config import ModelConfig, arch_rules
 from orin_llm.errors import OrinError
 from orin_llm.gguf_file import GGUFFile
 
@@ -36,25 +36,17 @@ def random_blocks(rng: np.random.Generator, qtype: QT, n_elements: int, std: flo
     b[:, at:at + 2] = v.astype(np.float16).view(np.uint8).reshape(-1, 2)
   return b.reshape(-1)
 
-@dataclass(frozen=True)
-class Shape:
-  arch: str = "llama"
-  dim: int = 256
-  n_layers: int = 2
-  n_heads: int = 4
-  n_kv_heads: int = 2
-  head_dim: int = 64
-  ffn_dim: int = 512
-  context_length: int = 2048
-  rope_theta: float = 10000.0
-  norm_eps: float = 1e-5
-  tied_output: bool = True
-  rope_scaling: bool = False  # Llama 3.x rope_freqs.weight
+def _shape(arch: str, dim: int, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, ffn_dim: int, context_length: int,
+           rope_theta: float, norm_eps: float, tied_output: bool = True, rope_freq_factors: bool = False) -> ModelConfig:
+  """A model's shape as the ModelConfig its file will load as (the vocabulary size is set when it is written)."""
+  return ModelConfig(arch=arch, n_layers=n_layers, dim=dim, ffn_dim=ffn_dim, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                     vocab_size=0, norm_eps=norm_eps, rope_theta=rope_theta, context_length=context_length, tied_output=tied_output,
+                     rope_freq_factors=rope_freq_factors, **arch_rules(arch))
 
-PRESETS = {
-  "llama-3.2-1b": Shape("llama", 2048, 16, 32, 8, 64, 8192, 131072, 500000.0, 1e-5, True, True),
-  "tiny-llama": Shape("llama", 256, 2, 4, 2, 64, 512, 2048, 10000.0, 1e-5, True, True),
-  "tiny-qwen3": Shape("qwen3", 256, 2, 4, 2, 64, 512, 2048, 1000000.0, 1e-6, True, False),
+PRESETS = {  # rope_freq_factors: Llama 3.x rope scaling (rope_freqs.weight)
+  "llama-3.2-1b": _shape("llama", 2048, 16, 32, 8, 64, 8192, 131072, 500000.0, 1e-5, True, True),
+  "tiny-llama": _shape("llama", 256, 2, 4, 2, 64, 512, 2048, 10000.0, 1e-5, True, True),
+  "tiny-qwen3": _shape("qwen3", 256, 2, 4, 2, 64, 512, 2048, 1000000.0, 1e-6, True, False),
 }
 
 _TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
@@ -70,14 +62,7 @@ def llama3_rope_factors(head_dim: int, theta: float, factor=32.0, low=1.0, high=
   f = np.where(wavelen < old_ctx / high, 1.0, np.where(wavelen > old_ctx / low, factor, 1.0 / ((1 - smooth) / factor + smooth)))
   return f.astype(np.float32)
 
-def tensor_shapes(s: Shape, vocab: int) -> dict[str, tuple[int, ...]]:
-  """Tensor name -> numpy shape of every tensor of the architecture: the loader's own list (ModelConfig)."""
-  return ModelConfig(arch=s.arch, n_layers=s.n_layers, dim=s.dim, ffn_dim=s.ffn_dim, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
-                     head_dim=s.head_dim, vocab_size=vocab, norm_eps=s.norm_eps, rope_theta=s.rope_theta, rope_neox=s.arch == "qwen3",
-                     context_length=s.context_length, qk_norm=s.arch == "qwen3", tied_output=s.tied_output,
-                     rope_freq_factors=s.rope_scaling).tensor_shapes()
-
-def write_model(path: str | pathlib.Path, shape: Shape, qtype: QT, vocab_from: str | pathlib.Path, seed: int = 0,
+def write_model(path: str | pathlib.Path, shape: ModelConfig, qtype: QT, vocab_from: str | pathlib.Path, seed: int = 0,
                 types: dict[str, QT] | None = None, vocab_size: int | None = None) -> pathlib.Path:
   """Writes a model file. `types` overrides the tensor type per tensor-name suffix (e.g. {"token_embd.weight": QT.Q8_0}).
   `vocab_size` truncates the vocabulary (small test models; the tokenizer then covers only the first ids)."""
@@ -112,7 +97,8 @@ def write_model(path: str | pathlib.Path, shape: Shape, qtype: QT, vocab_from: s
     elif isinstance(v, bool): w.add_bool(k, v)
     elif isinstance(v, int): w.add_uint32(k, v)
   types = types or {}
-  for name, shp in tensor_shapes(shape, vocab).items():
+  shape = replace(shape, vocab_size=vocab, **arch_rules(shape.arch))
+  for name, shp in shape.tensor_shapes().items():  # the loader's own list
     if name == "rope_freqs.weight":
       w.add_tensor(name, llama3_rope_factors(shape.head_dim, shape.rope_theta)); continue
     if len(shp) == 1:  # norm weights stay float32, around 1 so that activations keep their scale
@@ -132,6 +118,6 @@ def _raw_shape(qt: QT, shp: tuple[int, int]) -> tuple[int, ...]:
 _FILE_TYPE = {QT.F32: 0, QT.F16: 1, QT.Q4_0: 2, QT.Q4_1: 3, QT.Q8_0: 7, QT.Q5_0: 8, QT.Q5_1: 9,
               QT.Q4_K: 15, QT.Q5_K: 17, QT.Q6_K: 18, QT.BF16: 32}
 
-def preset(name: str, **overrides) -> Shape:
+def preset(name: str, **overrides) -> ModelConfig:
   if name not in PRESETS: raise OrinError(f"synth: unknown preset {name!r} (known: {', '.join(PRESETS)})")
   return replace(PRESETS[name], **overrides)

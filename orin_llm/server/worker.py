@@ -237,5 +237,5 @@ class Worker:
         self.metrics.busy.set(0)
 
   def _warm_up(self):
-    from orin_llm.prewarm import warm_up  # the routine `orin-llm prewarm` fills the kernel cache with
+    from orin_llm.warmup import warm_up  # the routine `orin-llm prewarm` fills the kernel cache with
     warm_up(self.engine, beat=lambda: setattr(self, "heartbeat", time.monotonic()))
