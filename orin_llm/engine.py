@@ -62,13 +62,13 @@ class RunState:
 
 class Engine:
   def __init__(self, path, max_context: int | None = None, device: str | None = None, chunk: int | None = None,
-               cache: str | os.PathLike | bool | None = None, shipped: str | os.PathLike | None = None, max_batch: int = 1):
+               kernel_db=None, max_batch: int = 1):
     """chunk: the largest prefill chunk (default: DEFAULT_CHUNK with tensor cores, else NO_TC_CHUNK). max_batch: slots,
-    the sequences the KV cache holds and a decode step can advance together. cache: a directory (True:
-    kernel_cache.cache_dir()) for the kernel database chosen for this model and device (a missing one copied from
-    `shipped`) and the repacked planes; None: neither, tinygrad uses $CACHEDB."""
+    the sequences the KV cache holds and a decode step can advance together. kernel_db: the model file opened and its
+    kernel database chosen by kernel_cache.prepare (where the process starts): the repacked planes and the captured
+    steps are kept beside that database; None: neither, tinygrad uses $CACHEDB."""
     t0 = time.monotonic()
-    self.file, self.cfg = open_model(path)
+    self.file, self.cfg = (kernel_db.file, kernel_db.cfg) if kernel_db is not None else open_model(path)
     self.path, self.device = path, device or Device.DEFAULT
     self.max_context = min(self.cfg.context_length, max_context or DEFAULT_CONTEXT)
     if max_batch < 1: raise OrinError(f"max_batch must be at least 1, not {max_batch}")
@@ -77,13 +77,8 @@ class Engine:
     self.chunk = min(chunk, self.max_context)
     # chunk sizes a prompt runs in: the largest, and small ones for short prompts where the largest is a matrix step
     self.chunks = sorted({self.chunk} | ({min(SMALL_CHUNK, self.chunk)} if self.chunk > SMALL_CHUNK else set()))
-    self.kernel_db = None
-    if cache is not None and cache is not False:
-      from orin_llm import kernel_cache
-      cache = kernel_cache.cache_dir(None if cache is True else cache)
-      # before anything is realized: tinygrad opens its database at the first kernel
-      self.kernel_db = kernel_cache.select(cache, self.device, self.cfg, self.file.tensors, shipped=shipped)
-    self.weights = load_weights(self.file, self.cfg, self.device, cache_dir=cache if self.kernel_db else None,
+    self.kernel_db = kernel_db.db if kernel_db is not None else None
+    self.weights = load_weights(self.file, self.cfg, self.device, cache_dir=self.kernel_db.parent if self.kernel_db else None,
                                 fuse=fused_groups(self.cfg, {n: t.qtype for n, t in self.file.tensors.items()}))
     # a prefill chunk always runs `chunk` rows (a constant shape: matrix products on tensor cores, no symbolic
     # length); the last one of a prompt is padded, so the cache, tables and prompt reach a chunk further

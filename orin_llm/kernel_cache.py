@@ -108,6 +108,22 @@ def select(directory, device: str, cfg, tensors, beam: int | None = None, shippe
   logger.info(f"kernel cache: {path}" + ("" if path.exists() else " (new: kernels compile on first use, which takes a while)"))
   return path
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """A model file opened and the kernel database chosen for it (prepare): what an Engine with a cache takes."""
+  file: object
+  cfg: object
+  db: pathlib.Path
+
+def prepare(model, directory=True, device: str | None = None, shipped=None) -> Prepared:
+  """Opens the model file's header and chooses, installs and uses its kernel database in directory (True: the default
+  cache directory): process-wide state (tinygrad's CACHEDB, the counters), so a command calls this where it starts,
+  before it builds the engine (Engine(model, kernel_db=prepare(...)))."""
+  from tinygrad import Device
+  from orin_llm.loader import open_model
+  f, cfg = open_model(model)
+  return Prepared(f, cfg, select(None if directory is True else directory, device or Device.DEFAULT, cfg, f.tensors, shipped=shipped))
+
 # ---------------------------------------------------------------- hit and miss counting
 
 class Counter:

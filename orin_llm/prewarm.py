@@ -38,7 +38,7 @@ def cmd_prewarm(args):
   from orin_llm import kernel_cache
   t0 = time.monotonic()
   device = settings.open_device()
-  eng = Engine(model, max_context=args.context, device=device, cache=cache, shipped=args.shipped)
+  eng = Engine(model, max_context=args.context, device=device, kernel_db=kernel_cache.prepare(model, cache, device, args.shipped))
   log.info(f"prewarm: BEAM {settings.beam_width()} ({os.environ['BEAM_MP_CTX']} workers), compiling the server's steps")
   warm_up(eng, progress=True)
   c = kernel_cache.COUNTER

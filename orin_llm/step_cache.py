@@ -21,12 +21,13 @@ version and this package's source; a file of another key is never read, and one 
 is ignored (the engine captures as without it).
 """
 from __future__ import annotations
-import dataclasses, functools, hashlib, io, os, pathlib, pickle, sys, tempfile, time
+import dataclasses, functools, hashlib, io, os, pathlib, pickle, sys, time
+from orin_llm.fileutil import atomic_write
 from orin_llm import log
 
 FORMAT = 3  # 2: a scratch buffer is one UOp at load, however often the steps name it; 3: steps by name (engine.Steps)
 
-def state_tensors(eng) -> dict[str, "Tensor"]:
+def state_tensors(eng) -> dict:
   """Name -> every realized Tensor the engine holds outside its steps: weights, KV caches, position and rope
   tables, token, parameter and logits buffers."""
   from tinygrad import Tensor
@@ -98,14 +99,7 @@ def save(eng, path: str | os.PathLike) -> int:
   path = pathlib.Path(path)
   buf = io.BytesIO()
   _Pickler(buf, _buffer_uops(eng), written).dump({"format": FORMAT, "jits": jits})
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-steps-")
-  try:
-    with os.fdopen(fd, "wb") as f: f.write(buf.getbuffer())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-  except BaseException:
-    pathlib.Path(tmp).unlink(missing_ok=True)
-    raise
+  atomic_write(path, buf.getbuffer())
   return buf.tell()
 
 # ------------------------------------------------------------------ reading

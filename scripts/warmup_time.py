@@ -21,7 +21,7 @@ from orin_llm.engine import Engine
 from orin_llm import kernel_cache
 from orin_llm.warmup import warm_up_prompt
 t0 = time.monotonic()
-eng = Engine(a.model, max_context=a.context, cache=a.cache)
+eng = Engine(a.model, max_context=a.context, kernel_db=kernel_cache.prepare(a.model, a.cache))
 print(f"load {time.monotonic() - t0:.1f} s", flush=True)
 prompt = warm_up_prompt(eng)  # the server's warm-up prompt
 for s in (Sampling(), Sampling(1.0, 40, 0.9, 0)):

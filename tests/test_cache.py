@@ -78,8 +78,9 @@ def test_prewarm_then_server_start_compiles_nothing(tiny, tmp_path):
 import json
 from orin_llm.engine import Engine
 from orin_llm.warmup import warm_up
+from orin_llm import kernel_cache
 from orin_llm.kernel_cache import COUNTER
-eng = Engine({str(tiny)!r}, max_context=128, cache={str(tmp_path)!r})
+eng = Engine({str(tiny)!r}, max_context=128, kernel_db=kernel_cache.prepare({str(tiny)!r}, {str(tmp_path)!r}))
 warm_up(eng)
 print(json.dumps(COUNTER.snapshot() | {{"steps": str(eng.steps_file)}}))
 """
@@ -100,10 +101,10 @@ def test_prewarm_from_the_server_config(tiny, tmp_path):
   assert out.returncode == 0, out.stderr
   assert pathlib.Path(out.stdout.strip().splitlines()[-1]).parent == cache and "-beam0.db" in out.stdout
   from orin_llm.engine import Engine
-  from orin_llm import step_cache
-  eng = Engine(tiny, max_context=80, cache=cache)  # what `serve --config` loads
+  from orin_llm import step_cache, kernel_cache
+  eng = Engine(tiny, max_context=80, kernel_db=kernel_cache.prepare(tiny, cache))  # what `serve --config` loads
   assert eng.steps_file == step_cache.path_for(eng) and eng.steps_file.exists()
-  assert step_cache.path_for(Engine(tiny, max_context=96, cache=cache)) != eng.steps_file  # another context: other steps
+  assert step_cache.path_for(Engine(tiny, max_context=96, kernel_db=kernel_cache.prepare(tiny, cache))) != eng.steps_file  # another context: other steps
 
 def test_repack_fast_path_matches_elementwise():
   """The byte-wise repack of Q4_K/Q5_K/Q6_K/Q8_0 equals the element-wise definition (random blocks)."""
@@ -160,8 +161,9 @@ def test_requests_after_warm_up_compile_nothing(tiny, tmp_path, rng):
   from orin_llm.engine import Engine
   from orin_llm.warmup import warm_up
   from orin_llm.sampling import Sampling
+  from orin_llm import kernel_cache
   from orin_llm.kernel_cache import COUNTER
-  eng = Engine(tiny, max_context=128, chunk=16, cache=tmp_path)
+  eng = Engine(tiny, max_context=128, chunk=16, kernel_db=kernel_cache.prepare(tiny, tmp_path))
   warm_up(eng)
   before = COUNTER.snapshot()
   prompt = rng.integers(0, 2048, 3).tolist()

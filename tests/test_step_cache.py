@@ -5,7 +5,7 @@ import json, os, pathlib, subprocess, sys
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
-from orin_llm import step_cache
+from orin_llm import step_cache, kernel_cache
 from orin_llm.engine import Engine
 from orin_llm.synth import write_model, preset
 from reference import Reference, assert_greedy_matches
@@ -18,10 +18,10 @@ VOCAB, CONTEXT, CHUNK = 2048, 96, 16
 RUN = """
 import json, sys
 from orin_llm.engine import Engine
-from orin_llm import log
+from orin_llm import log, kernel_cache
 log.setup()
 a = json.loads(sys.argv[1])
-eng = Engine(a["model"], max_context=a["context"], chunk=a["chunk"], cache=a["cache"])
+eng = Engine(a["model"], max_context=a["context"], chunk=a["chunk"], kernel_db=kernel_cache.prepare(a["model"], a["cache"]))
 toks = list(eng.generate(a["prompt"], a["n"]))
 print(json.dumps({"tokens": toks, "logits": eng.state.logits[0].numpy().tolist(), "steps": str(eng.steps_file)}))
 """
@@ -47,7 +47,7 @@ def check_against_reference(model, prompt, out):
 
 def test_loaded_steps_match_reference(model, tmp_path, rng):
   from orin_llm.warmup import warm_up
-  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
   assert eng.steps_file is None  # nothing kept yet
   warm_up(eng)  # captures every step, then keeps them
   path = step_cache.path_for(eng)
@@ -68,14 +68,14 @@ def test_loaded_steps_match_reference(model, tmp_path, rng):
     for p in eng.weights[name].planes.values(): assert p.numpy().tobytes()[:512] not in data, name
 
 def test_steps_file_keyed_by_context_and_chunk(model, tmp_path):
-  a = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
-  b = Engine(model, max_context=CONTEXT + 32, chunk=CHUNK, cache=tmp_path)
-  c = Engine(model, max_context=CONTEXT, chunk=CHUNK // 2, cache=tmp_path)
+  a = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
+  b = Engine(model, max_context=CONTEXT + 32, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
+  c = Engine(model, max_context=CONTEXT, chunk=CHUNK // 2, kernel_db=kernel_cache.prepare(model, tmp_path))
   assert len({step_cache.path_for(e) for e in (a, b, c)}) == 3
   assert step_cache.path_for(Engine(model, max_context=CONTEXT, chunk=CHUNK)) is None  # no cache directory: none kept
 
 def test_unusable_file_is_ignored(model, tmp_path, rng):
-  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
   step_cache.path_for(eng).write_bytes(b"not a pickle")
   prompt = rng.integers(0, VOCAB, CHUNK + 3).tolist()
   out, log = run(model, tmp_path, prompt, 4)
@@ -85,7 +85,7 @@ def test_unusable_file_is_ignored(model, tmp_path, rng):
 def test_refuses_steps_that_read_unnamed_buffers(model, tmp_path, monkeypatch):
   """A buffer the steps read but never write would be lost in the file: saving refuses rather than keep
   a step that would run on garbage."""
-  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
   list(eng.generate(list(range(1, CHUNK + 3)), 3))
   full = step_cache.state_tensors(eng)
   lost = full["weights.blk.0.attn_norm.weight"].uop.base  # under every name it has
@@ -98,8 +98,8 @@ def test_loaded_steps_that_fail_are_captured_anew(model, tmp_path):
   """A loaded step that raises when the warm-up runs it (a file that unpickles but does not fit this process) is
   dropped: the warm-up captures the steps anew and rewrites the file."""
   from orin_llm.warmup import warm_up
-  warm_up(Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path))
-  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
+  warm_up(Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path)))
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
   path = eng.steps_file
   assert eng.steps_loaded and path.exists()
   class Broken:

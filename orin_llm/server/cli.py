@@ -39,9 +39,10 @@ def load_engine(cfg):
   """The engine and tokenizer of cfg's model, on the engine thread (which opens the device)."""
   from orin_llm.engine import Engine
   from orin_llm.tokenizer import Tokenizer
-  from orin_llm import settings
-  eng = Engine(cfg.model, max_context=cfg.context_length, device=settings.open_device(), cache=cfg.kernel_cache_directory or True,
-               shipped=cfg.kernel_cache_shipped, max_batch=cfg.max_batch)
+  from orin_llm import settings, kernel_cache
+  device = settings.open_device()
+  db = kernel_cache.prepare(cfg.model, cfg.kernel_cache_directory or True, device, cfg.kernel_cache_shipped)
+  eng = Engine(cfg.model, max_context=cfg.context_length, device=device, kernel_db=db, max_batch=cfg.max_batch)
   return eng, Tokenizer.from_metadata(eng.file.metadata)
 
 async def serve(cfg, stop: asyncio.Event | None = None, on_listening=None, load=load_engine):
