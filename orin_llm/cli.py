@@ -24,11 +24,26 @@ def sampling_of(args):
   if not 0 < args.top_p <= 1: raise OrinError("--top-p must be in (0, 1]")
   return Sampling(args.temperature, args.top_k, args.top_p, seed)
 
+def add_speculative(p: argparse.ArgumentParser):
+  p.add_argument("--speculative", choices=("off", "ngram"), default="off",
+                 help="ngram: propose the next tokens from earlier text and check several in one step (pays where the answer copies its prompt)")
+  p.add_argument("--draft-model", help="a small GGUF model with the same vocabulary that proposes the next tokens (speculative decoding)")
+
 def load(args):
-  """Engine and tokenizer for the model named by args."""
+  """Engine and tokenizer for the model named by args, and the speculator its flags ask for (None: off)."""
   from orin_llm.engine import Engine
   from orin_llm.tokenizer import Tokenizer
-  eng = Engine(model_path(args), max_context=args.context, device=settings.open_device())
+  device = settings.open_device()
+  eng = Engine(model_path(args), max_context=args.context, device=device)
+  eng.speculator = None
+  if getattr(args, "draft_model", None):
+    from orin_llm import speculative
+    draft = Engine(args.draft_model, max_context=eng.max_context, device=device)
+    speculative.check_draft(eng, draft)
+    eng.speculator = lambda: speculative.Speculator(speculative.ModelDraft(draft))
+  elif getattr(args, "speculative", "off") == "ngram":
+    from orin_llm import speculative
+    eng.speculator = lambda: speculative.Speculator(speculative.NgramDraft())
   return eng, Tokenizer.from_metadata(eng.file.metadata)
 
 def chat_ids(tmpl, tok, messages: list[dict]) -> list[int]:
@@ -45,11 +60,12 @@ def answer(eng, tok, ids: list[int], n: int, sampling, first: bool = False) -> l
   and any other log line is held until the answer has ended."""
   from orin_llm import log
   screen = log.shares_screen()
+  spec = getattr(eng, "speculator", None)
   if first and screen:
     for _ in eng.generate(ids, 2, sampling, tok.stop_ids): pass
   dec, out = tok.stream(), []
   with log.held(screen):
-    for i in eng.generate(ids, n, sampling, tok.stop_ids):
+    for i in eng.generate(ids, n, sampling, tok.stop_ids, speculator=spec() if spec else None):
       out.append(i)
       if i in tok.stop_ids: break
       sys.stdout.write(dec.push(i)); sys.stdout.flush()
@@ -127,10 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
   add_model(p); add_sampling(p, 0.0)
   p.add_argument("--prompt", "-p", required=True); p.add_argument("-n", type=int, default=128, help="most tokens to generate")
   p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+  add_speculative(p)
   p.set_defaults(fn=cmd_generate)
   p = sub.add_parser("chat", help="interactive multi-turn chat")
   add_model(p); add_sampling(p, 0.7)
   p.add_argument("-n", type=int, default=512, help="most tokens per reply"); p.add_argument("--system", help="system prompt")
+  add_speculative(p)
   p.set_defaults(fn=cmd_chat)
   p = sub.add_parser("info", help="describe a GGUF model file")
   p.add_argument("path"); p.set_defaults(fn=cmd_info)

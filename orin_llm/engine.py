@@ -36,7 +36,7 @@ DEFAULT_CHUNK, NO_TC_CHUNK, SMALL_CHUNK, SMALL_CHUNK_MAX = 512, 32, 32, 256
 # which overlaps the device's work only while steps are queued; 8 tokens arrive together (~13 ms at 600 tok/s)
 DEFAULT_LOOKAHEAD = 8
 HIST = 16  # rows of the token history: the most decode steps queued at once (and verify rows)
-VERIFY_SIZES = (4, 8, 16)  # rows of the compiled verify steps (speculative decoding): a verify runs in the smallest that holds it
+VERIFY_SIZES = (4, 8)  # rows of the compiled verify steps (speculative decoding): a verify runs in the smallest that holds it
 BATCH_SIZES = (2, 4, 8)  # decode steps compiled for several sequences: a batch runs in the smallest that holds it
 
 @dataclass

@@ -102,3 +102,18 @@ class Speculator:
     return {"verify_steps": self.steps, "proposed": self.proposed, "accepted": self.accepted,
             "acceptance": self.accepted / self.proposed if self.proposed else 0.0,
             "tokens_per_step": self.emitted / self.steps if self.steps else 0.0}
+
+MODES = ("off", "ngram", "draft")
+
+def check_draft(target, draft) -> None:
+  """A draft model must speak the target's vocabulary: the same token ids for the same texts."""
+  from orin_llm.errors import OrinError
+  if draft.cfg.vocab_size != target.cfg.vocab_size or \
+     draft.file.metadata.get("tokenizer.ggml.tokens") != target.file.metadata.get("tokenizer.ggml.tokens"):
+    raise OrinError(f"the draft model {draft.path} has another vocabulary than {target.path}: it cannot propose tokens for it")
+
+def source_for(mode: str, draft_engine=None):
+  """A fresh proposal source for one sequence: n-gram lookup keeps per-text state, a draft model is shared."""
+  if mode == "ngram": return NgramDraft()
+  if mode == "draft": return ModelDraft(draft_engine)
+  raise ValueError(f"speculative mode {mode!r} (expected one of {MODES})")

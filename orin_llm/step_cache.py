@@ -47,7 +47,8 @@ def _source_hash() -> str:
 def path_for(eng) -> pathlib.Path | None:
   """The steps file next to the engine's kernel database, or None without one (no cache directory)."""
   if eng.kernel_db is None: return None
-  key = {"format": FORMAT, "db": eng.kernel_db.name, "context": eng.max_context, "chunks": eng.chunks, "slots": eng.max_batch, "device": eng.device,
+  from orin_llm.kernel_cache import model_shape
+  key = {"format": FORMAT, "db": eng.kernel_db.name, "model": model_shape(eng.cfg, eng.file.tensors), "context": eng.max_context, "chunks": eng.chunks, "slots": eng.max_batch, "device": eng.device,
          "python": sys.version_info[:2], "source": _source_hash()}
   h = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
   return eng.kernel_db.parent / f"steps-{h}.pkl"

@@ -26,9 +26,17 @@ def warm_up(eng, beat=lambda: None, progress: bool = False):
   def one_round(s: Sampling):
     eng.reset()  # from scratch each time: prefill runs all its chunks
     for _ in eng.generate(prompt, 4, s): pass
+    if getattr(eng, "speculator", None) is not None:  # verify steps of every size, and the draft model's own steps
+      from orin_llm.engine import VERIFY_SIZES
+      for K in VERIFY_SIZES: eng.verify(0, prompt[1:K])
+      src = eng.speculator().source
+      if hasattr(src, "eng"):  # a draft model: its prefill and decode steps
+        src.propose(prompt[:9], 3); src.propose(prompt[:3], 3)
+        drafts.append(src.eng)
     for B in eng.batch_sizes:  # the other slots join slot 0, which keeps its sequence
       for slot in range(1, B): eng.prefill(slot, prompt[slot:slot + 5], s)
       for _ in range(2): eng.decode(list(range(B)), 2)
+  drafts = []
   t0 = time.monotonic()
   for k, (s, i) in enumerate(rounds):
     beat()
@@ -44,3 +52,4 @@ def warm_up(eng, beat=lambda: None, progress: bool = False):
   eng.reset()
   # a later start loads the captured steps rather than capturing them again (step_cache.py)
   step_cache.try_save(eng)
+  for d in drafts[:1]: step_cache.try_save(d)

@@ -17,6 +17,8 @@ class ServerConfig:
   queue_size: int = 16                 # requests waiting behind the running one; more get 429
   max_tokens_default: int = 512        # max_tokens when a request gives none
   max_batch: int = 4                   # KV-cache slots: requests generating at once (continuous batching)
+  speculative: str = "off"             # "ngram": a request generating alone checks proposed tokens several at a time
+  draft_model: str | None = None       # a small GGUF model of the same vocabulary that proposes tokens (speculative decoding)
   beam_width: int = 0                  # [beam] width: tinygrad BEAM search (0: off)
   beam_workers: int | None = None      # [beam] workers: processes of the search (None: tinygrad's default)
   kernel_cache_directory: str | None = None  # [kernel_cache] directory: kernel databases and repacked planes (None: settings.cache_dir())
@@ -33,6 +35,8 @@ _KEYS = {
   "queue_size": ("queue_size", int, _positive, "a positive integer"),
   "max_tokens_default": ("max_tokens_default", int, _positive, "a positive integer"),
   "max_batch": ("max_batch", int, lambda v: 1 <= v <= 64, "an integer in 1..64"),
+  "speculative": ("speculative", str, lambda v: v in ("off", "ngram"), '"off" or "ngram"'),
+  "draft_model": ("draft_model", str, bool, "a non-empty string"),
   "hugepages": ("hugepages", str, lambda v: v in ("auto", "off"), '"auto" or "off"'),
 }
 _TABLES = {
@@ -89,6 +93,7 @@ def resolve(args) -> ServerConfig:
     cfg = replace(cfg, api_key=key)
   if cfg.model is None: cfg = replace(cfg, model=str(settings.default_model()))
   if not pathlib.Path(cfg.model).is_file(): raise OrinError(f"model: {cfg.model}: model file not found")
+  if cfg.draft_model and not pathlib.Path(cfg.draft_model).is_file(): raise OrinError(f"draft_model: {cfg.draft_model}: model file not found")
   return cfg
 
 def apply(cfg: ServerConfig):

@@ -21,5 +21,8 @@ class Metrics:
                                 buckets=(1, 2, 3, 4, 6, 8, 12, 16), registry=r)
     self.step_seconds = Histogram("orin_llm_decode_step_seconds", "Wall time of one batched decode step (a round's time over its steps)",
                                   buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1), registry=r)
+    self.spec_steps = Counter("orin_llm_speculative_verify_steps", "Verify steps of speculative decoding", registry=r)
+    self.spec_proposed = Counter("orin_llm_speculative_proposed_tokens", "Tokens proposed to verify steps", registry=r)
+    self.spec_accepted = Counter("orin_llm_speculative_accepted_tokens", "Proposed tokens accepted (each verify step also emits one token of its own)", registry=r)
     self.ready = Gauge("orin_llm_ready", "1 once the model is loaded and warmed up", registry=r)
   def render(self) -> bytes: return generate_latest(self.registry)

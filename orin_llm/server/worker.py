@@ -44,6 +44,7 @@ class Job:
   events: asyncio.Queue = field(default_factory=asyncio.Queue)
   cancelled: threading.Event = field(default_factory=threading.Event)
   arrived: float = field(default_factory=time.monotonic)
+  speculative: bool = True  # may run speculative decoding when the server has it on and the job generates alone
   worker: Worker | None = None
   def cancel(self):
     """Stops the job between two steps, or keeps it from starting; a no-op once it is done."""
@@ -66,11 +67,13 @@ class Run:
   n: int = 0  # tokens produced
   first: float | None = None
   started: float = field(default_factory=time.monotonic)
+  spec: object = None  # its speculative.Speculator, made when it first generates alone
 
 class Scheduler:
   """Slots, the runs in them, and one tick of work (see the module's docstring)."""
   def __init__(self, engine, tok, metrics: Metrics, lookahead: int):
     self.eng, self.tok, self.m, self.lookahead = engine, tok, metrics, lookahead
+    self.spec_factory = getattr(engine, "speculator", None)  # makes a speculative.Speculator (None: the server does not speculate)
     self.runs: dict[int, Run] = {}
 
   def free_slots(self) -> list[int]: return [s for s in range(self.eng.max_batch) if s not in self.runs]
@@ -98,13 +101,31 @@ class Scheduler:
         self._emit(r, [self.eng.first_token(r.slot)])
     gen = [r for r in self.runs.values() if r.prefill is None]
     if not gen: return
+    busy = waiting or any(r.prefill is not None for r in self.runs.values())
     room = min(self.eng.max_context - 1 - len(self.eng.slots[r.slot].cached) for r in gen)
-    n = max(1, min(2 if waiting or any(r.prefill is not None for r in self.runs.values()) else self.lookahead, max(r.job.max_new - r.n for r in gen), room))
+    if len(gen) == 1 and self._speculate(gen[0], room, busy): return
+    n = max(1, min(2 if busy or (gen[0].spec is not None and len(gen) == 1) else self.lookahead,
+                   max(r.job.max_new - r.n for r in gen), room))
     t0 = time.monotonic()
     out = self.eng.decode([r.slot for r in gen], n)
     self.m.batch_rows.observe(len(gen))
     for j, r in enumerate(gen): self._emit(r, out[:, j].tolist())
     self.m.step_seconds.observe((time.monotonic() - t0) / n)
+    if len(gen) == 1 and gen[0].spec is not None: gen[0].spec.rested(n)
+
+  def _speculate(self, r: Run, room: int, busy: bool) -> bool:
+    """A job generating alone: a verify step over proposals for its next tokens, when the server speculates, the
+    job allows it and proposals are found. Whether it ran."""
+    if self.spec_factory is None or not r.job.speculative or busy: return False
+    if r.spec is None: r.spec = self.spec_factory()
+    s = self.eng.slots[r.slot]
+    k = min(r.spec.want(), room - 1, r.job.max_new - r.n - 1)
+    if k <= 0 or not (props := r.spec.source.propose(s.cached + [s.next], k)[:k]): return False
+    out = self.eng.verify(r.slot, props)
+    r.spec.update(len(props), len(out) - 1)
+    self.m.spec_proposed.inc(len(props)); self.m.spec_accepted.inc(len(out) - 1); self.m.spec_steps.inc()
+    self._emit(r, out)
+    return True
 
   def _emit(self, r: Run, ids: list[int]):
     """Hands tokens to the job until it ends (stop token or string, max_tokens, the context's end)."""
