@@ -47,3 +47,25 @@ def test_written_model_runs(tmp_path, rng, pre, kind):
   got = eng.forward(prompt, 0)
   assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
   assert len(list(eng.generate(prompt, 4))) == 4
+
+def test_make_models_script(tmp_path):
+  """scripts/make_models.sh with a stand-in llama-quantize (copies its input): F16 file, quantized file,
+  skip when present, F16 removed after its last use."""
+  import os, subprocess, sys
+  from conftest import ROOT
+  fake = tmp_path / "llama-quantize"
+  fake.write_text('#!/bin/sh\necho "$@" >> "$(dirname "$2")/calls"; cp "$1" "$2"\n'); fake.chmod(0o755)
+  d = tmp_path / "models"
+  env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), "LLAMA_QUANTIZE": str(fake),
+         "LLAMA_VOCAB": str(LLAMA_VOCAB), "QWEN_VOCAB": str(QWEN_VOCAB)}
+  run = lambda *a: subprocess.run(["bash", ROOT / "scripts/make_models.sh", "--dir", d, *a], env=env, capture_output=True, text=True, timeout=300)
+  r = run("--rm-f16", "tiny-llama-Q8_0", "tiny-qwen3-Q4_K_M", "tiny-llama-Q4_K_M")
+  assert r.returncode == 0, r.stdout + r.stderr
+  assert sorted(p.name for p in d.glob("*.gguf")) == ["tiny-llama-Q4_K_M.gguf", "tiny-llama-Q8_0.gguf", "tiny-qwen3-Q4_K_M.gguf"]
+  calls = (d / "calls").read_text().splitlines()
+  assert [c.split()[0].rsplit("/", 1)[1] for c in calls] == ["tiny-llama-F16.gguf", "tiny-qwen3-F16.gguf", "tiny-llama-F16.gguf"]
+  assert [c.split()[2] for c in calls] == ["Q8_0", "Q4_K_M", "Q4_K_M"]
+  from orin_llm.gguf_file import GGUFFile
+  assert {t.qtype.name for t in GGUFFile(d / "tiny-qwen3-Q4_K_M.gguf").tensors.values()} == {"F16", "F32"}  # the F16 file, copied
+  r = run("tiny-llama-Q8_0")
+  assert r.returncode == 0 and "exists" in r.stdout and len((d / "calls").read_text().splitlines()) == 3
