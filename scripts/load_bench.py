@@ -6,8 +6,9 @@ both servers, no tokenizer in between) and asks for --tokens tokens at temperatu
 (llama-server's ignore_eos; ours has no such field and stops at EOS, which random weights rarely pick:
 a stream that ends early is counted). Per N: aggregate tok/s (every token of the round over its wall
 time), per-stream tok/s (after its first token), time to first token (median, p95 over all streams).
+Ours starts once, with a slot per client of the largest N (--max-batch); llama-server starts for each N.
   load_bench.py --model F [--llama-server PATH] [--parallel 1,2,4,8] [--tokens 128] [--rounds 3]
-                [--config TOML] [--port 18081] [--json OUT] [--logs DIR]"""
+                [--config TOML] [--max-batch B] [--port 18081] [--json OUT] [--logs DIR]"""
 import argparse, asyncio, json, os, pathlib, signal, subprocess, sys, tempfile, time
 import numpy as np
 import aiohttp
@@ -94,7 +95,8 @@ def main():
   ap.add_argument("--tokens", type=int, default=128, help="tokens each client asks for (default 128)")
   ap.add_argument("--prompt-tokens", type=int, default=16, help="prompt length in tokens (default 16)")
   ap.add_argument("--rounds", type=int, default=3, help="rounds of N concurrent requests per N (default 3)")
-  ap.add_argument("--config", help="TOML config for orin-llm serve (BEAM, kernel cache; --model and --port override it)")
+  ap.add_argument("--config", help="TOML config for orin-llm serve (BEAM, kernel cache; --model, --port, --max-batch override it)")
+  ap.add_argument("--max-batch", type=int, help="our server's slots, requests generating at once (default: the most clients)")
   ap.add_argument("--port", type=int, default=18081, help="our server's port; llama-server gets the next (default 18081)")
   ap.add_argument("--timeout", type=float, default=900, help="seconds a server may take to become ready (default 900)")
   ap.add_argument("--json", help="also write the results to this file")
@@ -110,7 +112,9 @@ def main():
   res = {"model": args.model, "tokens": args.tokens, "prompt_tokens": args.prompt_tokens, "rounds": args.rounds,
          "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
   url = f"http://127.0.0.1:{args.port}"
-  cmd = [sys.executable, "-m", "orin_llm", "serve", "--model", args.model, "--port", str(args.port), "--queue-size", str(max(16, *ns))]
+  # one start for every N, a slot for each client of the largest (llama-server below starts for each N with -np N)
+  cmd = [sys.executable, "-m", "orin_llm", "serve", "--model", args.model, "--port", str(args.port), "--queue-size", str(max(16, *ns)),
+         "--max-batch", str(args.max_batch or max(ns))]
   proc = start(cmd + (["--config", args.config] if args.config else []), url, logs / "orin-llm.log", args.timeout)
   try: res["ours"] = measure(url, args, ns, vocab, rng)
   finally: stop(proc)

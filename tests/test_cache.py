@@ -1,5 +1,5 @@
 """Kernel cache selection, shipped databases, prewarm -> no compiles, the packed-planes cache."""
-import json, os, pathlib, stat, subprocess, sys
+import json, os, pathlib, subprocess, sys
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT, GGML_QUANT_SIZES
@@ -77,7 +77,7 @@ def test_prewarm_then_server_start_compiles_nothing(tiny, tmp_path):
   code = f"""
 import json
 from orin_llm.engine import Engine
-from orin_llm.prewarm import warm_up
+from orin_llm.warmup import warm_up
 from orin_llm.kernel_cache import COUNTER
 eng = Engine({str(tiny)!r}, max_context=128, cache={str(tmp_path)!r})
 warm_up(eng)
@@ -114,7 +114,7 @@ def test_repack_fast_path_matches_elementwise():
     rows, cols = 37, block * 3
     raw = rng.integers(0, 256, (rows, cols // block * bsize), dtype=np.uint8)
     fast = repack(raw, qt, rows, cols)
-    b, n = raw.reshape(-1, bsize), rows * cols // 256
+    b = raw.reshape(-1, bsize)
     if qt == QT.Q8_0: u = b[:, 2:34] ^ np.uint8(0x80)
     elif qt == QT.Q6_K:
       ql, qh = b[:, 0:128].reshape(-1, 2, 64), b[:, 128:192].reshape(-1, 2, 1, 32)
@@ -158,7 +158,7 @@ def test_requests_after_warm_up_compile_nothing(tiny, tmp_path, rng):
   """After the server's warm-up, prompts of lengths it never saw, prefix reuse and new sampling settings run
   only what was compiled: writing the prompt and the parameters is a copy, not a kernel per length and offset."""
   from orin_llm.engine import Engine
-  from orin_llm.prewarm import warm_up
+  from orin_llm.warmup import warm_up
   from orin_llm.sampling import Sampling
   from orin_llm.kernel_cache import COUNTER
   eng = Engine(tiny, max_context=128, chunk=16, cache=tmp_path)
@@ -169,6 +169,6 @@ def test_requests_after_warm_up_compile_nothing(tiny, tmp_path, rng):
     prompt = prompt + rng.integers(0, 2048, int(n)).tolist()  # longer each time: the cached prefix is reused
     s = Sampling(float(rng.uniform(0.5, 1.5)), int(rng.integers(1, 50)), 0.9, int(rng.integers(0, 1 << 30)))
     toks = list(eng.generate(prompt[:100], 3, s))
-    assert len(toks) == 3 and eng.prompt_buf.numpy()[:len(prompt[:100])].tolist() == prompt[:100]
+    assert len(toks) == 3 and eng.state.prompt.numpy()[:len(prompt[:100])].tolist() == prompt[:100]
   after = COUNTER.snapshot()
   assert after["misses"] == before["misses"] and after["hits"] == before["hits"], (before, after)

@@ -4,7 +4,8 @@ import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
-from orin_llm.synth import PRESETS, tensor_shapes, write_model, preset, llama_quantize_types
+from dataclasses import replace
+from orin_llm.synth import PRESETS, write_model, preset, llama_quantize_types
 from reference import Reference
 from conftest import LLAMA_VOCAB, QWEN_VOCAB
 
@@ -15,7 +16,7 @@ def test_presets_have_the_public_parameter_counts():
   for name, (total, body) in want.items():
     s = PRESETS[name]
     vocab = 151936 if s.arch == "qwen3" else 128256
-    n = sum(int(np.prod(x)) for x in tensor_shapes(s, vocab).values())
+    n = sum(int(np.prod(x)) for x in replace(s, vocab_size=vocab).tensor_shapes().values())
     embd = vocab * s.dim * (1 if s.tied_output else 2)
     assert (round(n / 1e9, 2), round((n - embd) / 1e9, 2)) == (total, body), name
 
@@ -36,7 +37,7 @@ def test_written_model_runs(tmp_path, rng, pre, kind):
                      seed=int(rng.integers(1 << 30)), types=types, vocab_size=2048)
   ref = Reference(path)  # gguf.GGUFReader reads the file
   got = {t.name: (tuple(int(x) for x in reversed(t.shape)), t.tensor_type) for t in gguf.GGUFReader(path).tensors}
-  assert got == {name: (shp, QT.F32 if len(shp) == 1 else types.get(name, qt)) for name, shp in tensor_shapes(s, 2048).items()}
+  assert got == {name: (shp, QT.F32 if len(shp) == 1 else types.get(name, qt)) for name, shp in replace(s, vocab_size=2048).tensor_shapes().items()}
   if kind != "Q4_K_M":
     w = ref.w["blk.0.ffn_down.weight"]  # weights of the chosen spread: 0.5 / sqrt(columns)
     assert abs(w.std() * np.sqrt(w.shape[1]) / 0.5 - 1) < 0.05 and abs(w.mean()) < 0.1 * w.std()
