@@ -124,15 +124,15 @@ def cmd_tokenize(args):
 
 def cmd_synth(args):
   from gguf import GGMLQuantizationType as QT
-  from orin_llm.synth import write_model, preset
-  try: qt = QT[args.type.upper()]
+  from orin_llm.synth import write_model, preset, llama_quantize_types
+  over = {} if args.layers is None else {"n_layers": args.layers}
+  shape = preset(args.preset, **over)
+  try: qt, types = llama_quantize_types(shape, args.type) if args.type.upper() == "Q4_K_M" else (QT[args.type.upper()], {})
   except KeyError: raise OrinError(f"synth: unknown tensor type {args.type!r}") from None
-  types = {}
   if args.embd_type:
     try: types["token_embd.weight"] = QT[args.embd_type.upper()]
     except KeyError: raise OrinError(f"synth: unknown tensor type {args.embd_type!r}") from None
-  over = {} if args.layers is None else {"n_layers": args.layers}
-  p = write_model(args.out, preset(args.preset, **over), qt, args.vocab, seed=args.seed, types=types)
+  p = write_model(args.out, shape, qt, args.vocab, seed=args.seed, types=types)
   print(p)
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,9 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
   p = sub.add_parser("tokenize", help="print token ids as JSON")
   p.add_argument("--model", "-m"); p.add_argument("--bos", action="store_true", help="prepend BOS")
   p.add_argument("text"); p.set_defaults(fn=cmd_tokenize)
-  p = sub.add_parser("synth", help="write a synthetic model with random quantized weights")
-  p.add_argument("--preset", default="llama-3.2-1b", help="llama-3.2-1b, tiny-llama, tiny-qwen3")
-  p.add_argument("--type", default="Q6_K", help="tensor type of the matrices (default Q6_K)")
+  p = sub.add_parser("synth", help="write a synthetic model with random weights (float, as llama-quantize takes, or quantized)")
+  p.add_argument("--preset", default="llama-3.2-1b", help="llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-0.6b, qwen3-1.7b, tiny-llama, tiny-qwen3")
+  p.add_argument("--type", default="Q6_K", help="tensor type of the matrices: F16 or BF16 (norms F32; what llama-quantize takes), "
+                 "a quantized type, or Q4_K_M (random Q4_K/Q6_K blocks in llama-quantize's mix) (default Q6_K)")
   p.add_argument("--embd-type", help="tensor type of token_embd (default: --type)")
   p.add_argument("--layers", type=int, help="override the number of layers")
   p.add_argument("--vocab", required=True, help="GGUF file to take the vocabulary from")
