@@ -6,7 +6,7 @@ BEAM workers fork here by default (BEAM_MP_CTX=fork unless set): prewarm runs no
 so forking is safe, and spawned workers would each re-import tinygrad, which dominates a search on
 the Orin's CPU."""
 from __future__ import annotations
-import os, time
+import argparse, os, time
 from orin_llm import log, settings
 from orin_llm.warmup import warm_up
 
@@ -21,25 +21,28 @@ def add_parser(sub):
   p.add_argument("--cache", help="cache directory (default: $ORIN_LLM_CACHE_DIR, else ~/.cache/orin-llm)")
   p.add_argument("--context", type=int, default=None, help="context length, as the server's (default: min(model's, 4096))")
   p.add_argument("--shipped", help="prebuilt read-only cache (file or directory) copied in when the database is missing")
+  p.add_argument("--max-batch", type=int, default=None, help="slots, as the server's (default 4): the batched decode steps compiled")
+  p.add_argument("--speculative", choices=("off", "ngram"), default=None, help="as the server's: its verify steps compiled too")
   p.set_defaults(fn=cmd_prewarm)
 
 def cmd_prewarm(args):
-  if args.config:  # the server's settings, where no flag gives them, applied as `serve` applies them
-    from orin_llm.server import config
-    cfg = config.from_toml(args.config)
-    config.apply(cfg)  # [beam] width (when set) and workers, hugepages, the cache directory
-    if args.model is None: args.model = cfg.model
-    if args.cache is None: args.cache = cfg.kernel_cache_directory
-    if args.context is None: args.context = cfg.context_length
-    if args.shipped is None: args.shipped = cfg.kernel_cache_shipped
-  cache = settings.apply(beam=args.beam, cache=args.cache or True, fork_workers=True)
-  model = settings.model_path(args)
-  from orin_llm.engine import Engine
+  from dataclasses import replace
+  from orin_llm.server import config
+  from orin_llm.appliance import load
   from orin_llm import kernel_cache
+  # the server's settings (its config file, else its defaults), the flags over them, applied as `serve` applies them
+  cfg = config.from_toml(args.config) if args.config else config.ServerConfig()
+  flags = {"model": args.model, "kernel_cache_directory": args.cache, "context_length": args.context,
+           "kernel_cache_shipped": args.shipped, "max_batch": args.max_batch, "speculative": args.speculative}
+  cfg = replace(cfg, **{k: v for k, v in flags.items() if v is not None})
+  config.apply(cfg)  # [beam] width (when set) and workers, hugepages, the cache directory
+  settings.apply(beam=args.beam, cache=cfg.kernel_cache_directory or True, fork_workers=True)
+  cfg = replace(cfg, model=str(settings.model_path(argparse.Namespace(model=cfg.model))))
   t0 = time.monotonic()
-  device = settings.open_device()
-  eng = Engine(model, max_context=args.context, device=device, kernel_db=kernel_cache.prepare(model, cache, device, args.shipped))
-  log.info(f"prewarm: BEAM {settings.beam_width()} ({os.environ['BEAM_MP_CTX']} workers), compiling the server's steps")
+  eng, _ = load(cfg)
+  log.info(f"prewarm: BEAM {settings.beam_width()} ({os.environ['BEAM_MP_CTX']} workers), compiling the server's steps "
+           f"({eng.max_batch} slot{'s' * (eng.max_batch > 1)}, chunks {', '.join(map(str, eng.chunks))}"
+           f"{', speculative' if eng.speculator else ''})")
   warm_up(eng, progress=True)
   c = kernel_cache.COUNTER
   log.info(f"prewarm: done in {time.monotonic() - t0:.1f} s: {c.hits} from the cache, {c.compiled} compiled, {c.searched} BEAM-searched")

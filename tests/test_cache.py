@@ -76,11 +76,11 @@ def test_prewarm_then_server_start_compiles_nothing(tiny, tmp_path):
   # a fresh process: what the server does before READY (load, warm_up), then its counts
   code = f"""
 import json
-from orin_llm.engine import Engine
+from orin_llm.appliance import load
+from orin_llm.server.config import ServerConfig
 from orin_llm.warmup import warm_up
-from orin_llm import kernel_cache
 from orin_llm.kernel_cache import COUNTER
-eng = Engine({str(tiny)!r}, max_context=128, kernel_db=kernel_cache.prepare({str(tiny)!r}, {str(tmp_path)!r}))
+eng, _ = load(ServerConfig(model={str(tiny)!r}, context_length=128, kernel_cache_directory={str(tmp_path)!r}))
 warm_up(eng)
 print(json.dumps(COUNTER.snapshot() | {{"steps": str(eng.steps_file)}}))
 """
@@ -100,11 +100,14 @@ def test_prewarm_from_the_server_config(tiny, tmp_path):
   out = subprocess.run([sys.executable, "-m", "orin_llm", "prewarm", "--config", str(conf)], capture_output=True, text=True, env=env, timeout=900)
   assert out.returncode == 0, out.stderr
   assert pathlib.Path(out.stdout.strip().splitlines()[-1]).parent == cache and "-beam0.db" in out.stdout
-  from orin_llm.engine import Engine
-  from orin_llm import step_cache, kernel_cache
-  eng = Engine(tiny, max_context=80, kernel_db=kernel_cache.prepare(tiny, cache))  # what `serve --config` loads
+  from orin_llm import step_cache
+  from orin_llm.appliance import load
+  from orin_llm.server.config import from_toml
+  from dataclasses import replace
+  eng, _ = load(from_toml(conf))  # what `serve --config` loads
   assert eng.steps_file == step_cache.path_for(eng) and eng.steps_file.exists()
-  assert step_cache.path_for(Engine(tiny, max_context=96, kernel_db=kernel_cache.prepare(tiny, cache))) != eng.steps_file  # another context: other steps
+  other, _ = load(replace(from_toml(conf), context_length=96))
+  assert step_cache.path_for(other) != eng.steps_file  # another context: other steps
 
 def test_repack_fast_path_matches_elementwise():
   """The byte-wise repack of Q4_K/Q5_K/Q6_K/Q8_0 equals the element-wise definition (random blocks)."""
