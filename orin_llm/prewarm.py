@@ -3,9 +3,8 @@ this model and GPU (kernel_cache.py) holds their compiled programs and, with --b
 search results. `warm_up` is also the server's warm-up before READY=1: one routine, so whatever
 the server compiles is what prewarm cached.
 
-BEAM workers fork here by default (BEAM_MP_CTX=fork unless set): prewarm runs no threads of its own,
-so forking is safe, and spawned workers would each re-import tinygrad, which dominates a search on
-the Orin's CPU."""
+BEAM settings: kernel_cache.search_defaults() (forkserver workers, a search from the heuristic, bounded),
+each unless the environment sets it. Progress: search_progress.py."""
 from __future__ import annotations
 import os, time
 from orin_llm import log
@@ -72,7 +71,9 @@ def cmd_prewarm(args):
   if args.beam is not None:
     if args.beam < 0: raise OrinError("--beam must be >= 0")
     os.environ["BEAM"] = str(args.beam)
-  os.environ.setdefault("BEAM_MP_CTX", "fork")
+  from orin_llm import kernel_cache, search_progress
+  kernel_cache.search_defaults()  # before tinygrad's first search or worker pool
+  search_progress.install()
   from tinygrad import helpers
   if args.beam is not None: helpers.BEAM.value = args.beam  # tinygrad may be imported already
   from orin_llm.cli import model_path

@@ -33,6 +33,8 @@ def tinygrad_settings(cfg):
     except OSError as e: raise OrinError(f"kernel_cache.directory: cannot create {d}: {e.strerror or e}") from None
   if cfg.hugepages is not None: env["ORIN_LLM_HUGEPAGES"] = cfg.hugepages  # hostmem reads it at each allocation
   os.environ.update(env)
+  from orin_llm import kernel_cache
+  kernel_cache.search_defaults()  # BEAM workers, search bounds: before tinygrad's first search or worker pool
   if env:
     from tinygrad import helpers
     if "BEAM" in env: helpers.BEAM.value = cfg.beam_width
