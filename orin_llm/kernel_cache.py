@@ -205,3 +205,26 @@ class Counter:
     except Exception: return 0  # counting must never break compiling
 
 COUNTER = Counter()
+
+# ---------------------------------------------------------------- BEAM search settings
+
+# tinygrad's BEAM knobs (pkgs/tinygrad patches 0007-0011) as prewarm and serve set them, each only where the
+# environment does not. PROVISIONAL: the numbers are first guesses, not yet measured on a GPU; a prewarm with
+# BEAM_LEDGER=path.jsonl writes, per searched kernel, what the search cost and what it gained over the
+# heuristic, from which docs/PERF.md is to set them (BEAM_MIN_US especially: it depends on the GPU).
+SEARCH_DEFAULTS = {
+  "BEAM_MP_CTX": "forkserver",  # workers fork from a fresh single-threaded server: no lock of ours inherited (issue 25's hang), no re-import
+  "BEAM_FROM_HEURISTIC": "1",   # the hand-coded opts (patch 0003) are timed first and start the search: never ends slower than them
+  "BEAM_MIN_US": "10",          # a kernel under 10 us with the heuristic's opts is not searched (norms, element-wise, small reductions)
+  "BEAM_MAX_ROUNDS": "3",       # rounds of the search per kernel (each adds one opt to the beam's members)
+  "BEAM_TIME_LIMIT": "20",      # seconds per kernel; the best so far is kept
+  "BEAM_RETIME": "3",           # the 3 best and the heuristic timed again 10 times on the full grid, caches cleared: a steadier pick
+}
+
+def search_defaults() -> dict[str, str]:
+  """Puts SEARCH_DEFAULTS into os.environ where unset and returns those it set. Call it before tinygrad's first
+  BEAM search or worker pool: tinygrad reads each of these once (its getenv is cached), and BEAM workers
+  inherit the environment."""
+  added = {k: v for k, v in SEARCH_DEFAULTS.items() if k not in os.environ}
+  os.environ.update(added)
+  return added

@@ -2,9 +2,8 @@
 that the kernel database chosen for this model and GPU (kernel_cache.py) holds their compiled programs
 and, with --beam, their BEAM search results, and the captured steps are kept (step_cache.py).
 
-BEAM workers fork here by default (BEAM_MP_CTX=fork unless set): prewarm runs no threads of its own,
-so forking is safe, and spawned workers would each re-import tinygrad, which dominates a search on
-the Orin's CPU."""
+BEAM settings: kernel_cache.search_defaults() (forkserver workers, a search from the heuristic, bounded),
+each unless the environment sets it. Progress: search_progress.py."""
 from __future__ import annotations
 import argparse, os, time
 from orin_llm import log, settings
@@ -36,7 +35,10 @@ def cmd_prewarm(args):
            "kernel_cache_shipped": args.shipped, "max_batch": args.max_batch, "speculative": args.speculative}
   cfg = replace(cfg, **{k: v for k, v in flags.items() if v is not None})
   config.apply(cfg)  # [beam] width (when set) and workers, hugepages, the cache directory
-  settings.apply(beam=args.beam, cache=cfg.kernel_cache_directory or True, fork_workers=True)
+  settings.apply(beam=args.beam, cache=cfg.kernel_cache_directory or True)
+  from orin_llm import search_progress
+  kernel_cache.search_defaults()  # forkserver workers and the search's bounds, before tinygrad's first search or worker pool
+  search_progress.install()
   cfg = replace(cfg, model=str(settings.model_path(argparse.Namespace(model=cfg.model))))
   t0 = time.monotonic()
   eng, _ = load(cfg)
