@@ -9,7 +9,11 @@ PROMPT ?= What is the capital of France? Answer in one sentence.
 run: .venv/ready
 	.venv/bin/orin-llm generate --chat --prompt "$(PROMPT)"
 
-test: .venv/ready
-	DEV=CPU .venv/bin/python -m pytest -q tests
+# the tests run on tinygrad's CPU backend, which compiles every kernel with clang ($CC): said in one line before the set-up
+test: clang .venv/ready
+	DEV=CPU .venv/bin/python -m pytest -q --durations=25 tests
 
-.PHONY: run test
+clang:
+	@command -v "$${CC:-clang}" >/dev/null || { echo "make test: clang is not installed: the tests run on tinygrad's CPU backend, which compiles its kernels with it. Install clang (Debian/Ubuntu: apt-get install clang) or set CC to a clang binary." >&2; exit 1; }
+
+.PHONY: run test clang

@@ -44,8 +44,14 @@
           overlays =
             lib.optionals (system == "aarch64-linux") [
               jetpack-nixos.overlays.default
-              # What hardware.nvidia-jetpack.majorVersion = "6" selects on a NixOS system.
-              (final: _: { nvidia-jetpack = final.nvidia-jetpack6; })
+              # What jetpack-nixos' NixOS module sets for hardware.nvidia-jetpack.majorVersion = "6"
+              # (modules/default.nix): both nvidia-jetpack and cudaPackages, the latter to
+              # cudaPackages_12 (cuda_compat covers the releases newer than JetPack 6's CUDA 12.6).
+              # So the flake's packages are those a jetpack-nixos system builds.
+              (final: _: {
+                nvidia-jetpack = final.nvidia-jetpack6;
+                cudaPackages = final."cudaPackages_${lib.versions.major final.nvidia-jetpack6.cudaMajorMinorVersion}";
+              })
             ]
             ++ [ self.overlays.default ];
         };
@@ -63,38 +69,43 @@
               system.stateVersion = "25.11";
               services.orin-llm = {
                 enable = true;
-                model = "/var/lib/orin-llm/model.gguf";
-                hugepages = {
-                  enable = true;
-                  count = 1024;
-                };
+                settings.model = "/var/lib/orin-llm/model.gguf";
               };
             }
           ];
         };
     in
     {
-      overlays.default = final: _: {
-        # On a jetpack-nixos system nvidia-jetpack is the configured JetPack and its
-        # cudaPackages the CUDA its driver ships (12.6 for JetPack 6).
-        orin-llm = final.callPackage ./pkgs/orin-llm {
+      overlays.default =
+        final: _:
+        let
+          # The CUDA the L4T driver ships (12.6 for JetPack 6), not the system's cudaPackages
+          # (cudaPackages_12 on jetpack-nixos), on purpose: tinygrad dlopens libcuda from
+          # /run/opengl-driver itself, so the cuda_compat libcuda that nixpkgs puts in the RUNPATH
+          # of ELF files never reaches it, and without it the driver must accept what this NVRTC
+          # compiles (Tegra has no minor-version compatibility). llama.cpp, the benchmark's
+          # reference, uses the same release so the two are compared like for like.
           cudaPackages = final.nvidia-jetpack.cudaPackages or final.cudaPackages;
+        in
+        {
+          orin-llm = final.callPackage ./pkgs/orin-llm { inherit cudaPackages; };
+          orin-llm-llama-cpp = final.callPackage ./pkgs/llama-cpp { inherit cudaPackages; };
+          orin-llm-bench = final.writeShellApplication {
+            name = "orin-llm-bench";
+            text = ''
+              exec ${lib.getExe final.orin-llm} bench --llama-bench ${final.orin-llm-llama-cpp}/bin/llama-bench "$@"
+            '';
+          };
         };
-        orin-llm-llama-cpp = final.callPackage ./pkgs/llama-cpp {
-          cudaPackages = final.nvidia-jetpack.cudaPackages or final.cudaPackages;
-        };
-        orin-llm-bench = final.writeShellApplication {
-          name = "orin-llm-bench";
-          text = ''
-            exec ${lib.getExe final.orin-llm} bench --llama-bench ${final.orin-llm-llama-cpp}/bin/llama-bench "$@"
-          '';
-        };
-      };
 
-      nixosModules.default = {
-        imports = [ ./nixos/module.nix ];
-        nixpkgs.overlays = [ self.overlays.default ];
-      };
+      # The module with the flake's package, built from the system's own nixpkgs (its config:
+      # cudaSupport, capabilities) without adding an overlay, so it works under nixpkgs.readOnlyPkgs.
+      nixosModules.default =
+        { lib, pkgs, ... }:
+        {
+          imports = [ ./nixos/module.nix ];
+          services.orin-llm.package = lib.mkDefault (self.overlays.default pkgs pkgs).orin-llm;
+        };
 
       packages = forAllSystems (
         pkgs:
@@ -113,6 +124,7 @@
       apps.aarch64-linux.bench = {
         type = "app";
         program = lib.getExe self.packages.aarch64-linux.bench;
+        meta.description = "orin-llm bench against llama.cpp's llama-bench on the same model";
       };
 
       checks = forAllSystems (
@@ -123,13 +135,17 @@
         in
         self.packages.${system}
         // {
+          # The unit files NixOS writes (tests/test_nix.py checks the evaluated units in detail;
+          # this is the one place they are rendered by NixOS itself).
           module-eval = pkgs.runCommand "orin-llm-module-eval" { } ''
             server=${units."orin-llm.service".unit}/orin-llm.service
             prewarm=${units."orin-llm-prewarm.service".unit}/orin-llm-prewarm.service
-            grep -q '^Type=notify$' "$server"
-            grep -q 'serve --config /nix/store/.*-orin-llm.toml' "$server"
-            grep -q 'BEAM_MP_CTX=fork' "$server"
-            grep -q '^Before=orin-llm.service$' "$prewarm"
+            grep -qx 'Type=notify' "$server"
+            grep -qx 'ExecStart=".*/bin/orin-llm" "serve" "--config" "/nix/store/.*-orin-llm.toml"' "$server"
+            grep -qx 'After=network.target orin-llm-prewarm.service' "$server"
+            grep -qx 'LimitNOFILE=4096' "$server"
+            if grep -q 'BEAM_MP_CTX\|CUDA_PATH' "$server"; then exit 1; fi
+            grep -qx 'ExecStart=".*/bin/orin-llm" "prewarm" "--config" "/nix/store/.*-orin-llm.toml"' "$prewarm"
             touch $out
           '';
         }
@@ -166,19 +182,22 @@
               services.openssh.enable = true;
               system.stateVersion = "25.11";
 
+              services.nvpmodel.profileNumber = 0; # MAXN on the AGX Orin
+
               services.orin-llm = {
                 enable = true;
-                model = pkgs.fetchurl {
-                  name = "Llama-3.2-1B-Instruct-Q6_K.gguf";
-                  url = "https://huggingface.co/bartowski/Llama-3.2-1B-Instruct-GGUF/resolve/main/Llama-3.2-1B-Instruct-Q6_K.gguf";
-                  # Placeholder: `nix-prefetch-url <url>` or the first build prints the real hash.
-                  hash = lib.fakeHash;
+                settings = {
+                  model = pkgs.fetchurl {
+                    name = "Llama-3.2-1B-Instruct-Q6_K.gguf";
+                    url = "https://huggingface.co/bartowski/Llama-3.2-1B-Instruct-GGUF/resolve/main/Llama-3.2-1B-Instruct-Q6_K.gguf";
+                    # Placeholder: `nix-prefetch-url <url>` or the first build prints the real hash.
+                    hash = lib.fakeHash;
+                  };
+                  host = "0.0.0.0";
+                  beam.width = 2;
+                  context_length = 8192;
                 };
-                host = "0.0.0.0";
                 openFirewall = true;
-                beam.width = 2;
-                settings.context_length = 8192;
-                powerMode.nvpmodelProfile = 0; # MAXN on the AGX Orin
               };
             }
           )

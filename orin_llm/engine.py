@@ -1,128 +1,148 @@
-"""The engine: a loaded model, its KV cache and token buffer on the device, and the compiled steps
-that extend them. Everything the server, CLI and benchmark run goes through `Engine.generate`.
+"""The engine: a loaded model, its run state on the device (RunState) and the compiled steps that advance it.
 
-Tokens live on the device: the prompt in `prompt_buf`, chosen tokens in `tok_buf` (position -> id).
-A model step (prefill chunk or decode) writes the last position's logits into `logits`, and a choice
-step (greedy or sampled) writes the token it picks at the position after the input; a decode step
-reads its input token from `tok_buf`, so consecutive decode steps need no host round trip: the host
-can queue several before reading what they chose (`lookahead`). The only things that change between
-replays of a compiled step are symbolic variables: the start position, the chunk length (prefill)
-and the position a choice is written to.
+The KV cache holds `slots` sequences. Callers drive it push-style, as llama.cpp's server does with its slots:
+- `prefill(slot, tokens)` runs the part of a prompt the slot has not cached, chunk by chunk (`prefill_chunks`
+  yields between chunks, so a scheduler can interleave other slots' decode steps or stop a cancelled prompt);
+- `decode(slots, n)` advances several slots together, n tokens each, in batched steps queued back to back;
+- `generate(...)` is the single-sequence loop built on both (CLI, bench, tests).
+Constrained decoding (structured.py) masks a slot's choices with its row of `mask`: `prefill_chunks(mask=)` and
+`decode(masks=)` take the bitmasks from a callback called once the model step is queued, so the host computes
+them while the device runs it; `generate(constraint=)` drives a structured.Constraint.
+
+Tokens live on the device. A model step writes logits; a choice step (greedy or sampled, kept apart so that both
+share the model's graphs) picks a token per row and writes it to `next_tok[slot]`, which the next decode step
+reads as its input, and to `hist[i, slot]`, where the host reads the tokens of i = 0..n-1 queued steps at once
+(`lookahead`). The only things that change between replays of a compiled step are symbolic variables: positions,
+the slot, the chunk's valid length, the history row.
 """
 from __future__ import annotations
 import os, time
+from dataclasses import dataclass, field
 from typing import Iterator
 import numpy as np
 from tinygrad import Tensor, TinyJit, UOp, dtypes, Device
 from tinygrad.helpers import GlobalCounters
 from orin_llm.errors import OrinError
 from orin_llm.loader import open_model, load_weights
-from orin_llm.model import Transformer, fused_groups
+from orin_llm.model import Transformer, Rows, fused_groups, KV_BLOCK
 from orin_llm.sampling import Sampling, greedy, masked, sample
 from orin_llm import log
 
 DEFAULT_CONTEXT = 4096
 # prompt tokens per prefill step. On a GPU, chunks of 512 rows run the weights as float16 matrix products on tensor
 # cores (quant.MATMUL_ROWS; H200, pp512 at BEAM=0: 8030 tok/s against 7187 with chunks of 256, docs/PERF.md), at the
-# price that a short prompt costs a whole padded chunk. Where the device has no tensor cores to feed (tinygrad's CPU
-# backend), a short prompt in small chunks answers sooner.
-DEFAULT_CHUNK, NO_TC_CHUNK = 512, 32
+# price that a short prompt would cost a whole padded chunk: prompts, and the tail of a long one, of at most
+# SMALL_CHUNK_MAX tokens run in chunks of SMALL_CHUNK rows instead, whose weights are dequantized inside the product
+# as decode's are. Where the device has no tensor cores to feed (tinygrad's CPU backend), small chunks only.
+DEFAULT_CHUNK, NO_TC_CHUNK, SMALL_CHUNK, SMALL_CHUNK_MAX = 512, 32, 32, 256
 # decode steps queued before the host reads their tokens: the host needs ~0.3 ms to queue a step (H200, docs/PERF.md),
 # which overlaps the device's work only while steps are queued; 8 tokens arrive together (~13 ms at 600 tok/s)
 DEFAULT_LOOKAHEAD = 8
+HIST = 16  # rows of the token history: the most decode steps queued at once (and verify rows)
+VERIFY_SIZES = (4, 8)  # rows of the compiled verify steps (speculative decoding): a verify runs in the smallest that holds it
+BATCH_SIZES = (2, 4, 8)  # decode steps compiled for several sequences: a batch runs in the smallest that holds it
+
+@dataclass
+class Slot:
+  """Host-side state of one KV-cache slot: the tokens whose keys and values it holds, from position 0."""
+  cached: list[int] = field(default_factory=list)
+  next: int | None = None  # the token chosen last, the input of the slot's next decode step (not cached yet)
+  sampling: Sampling | None = None
+
+class RunState:
+  """Everything a step reads or writes besides the weights, with its shape (llama2.c's RunState):
+  per layer the KV cache (capacity, slots, 2, kv_heads, head_dim) float16, in the model's blocks;
+  prompt   (capacity,) int32       the prompt being prefilled (one at a time)
+  next_tok (slots,) int32          each slot's next input token: every choice writes it, decode reads it
+  hist     (HIST, slots) int32     the tokens chosen by the queued steps, by step index (verify: by row)
+  params   (slots, 4) float32      each slot's sampling parameters (sampling.Sampling.as_list)
+  mask     (slots, words) uint32   each slot's allowed tokens, a bit each (words = vocab/32 rounded up), read only by
+                                   the masked choice steps; all ones but for slots of constrained requests
+  logits   (rows, vocab) float32   the last model step's logits, rows = max(slots, HIST)"""
+  def __init__(self, capacity: int, slots: int, vocab: int, device: str):
+    z = lambda *shape, dtype=dtypes.int32: Tensor.zeros(*shape, dtype=dtype, device=device).contiguous().realize()
+    self.prompt, self.next_tok, self.hist = z(capacity), z(slots), z(HIST, slots)
+    self.params = Tensor(np.array([Sampling().as_list()] * slots, np.float32), device=device).contiguous().realize()
+    self.logits = z(max(slots, HIST), vocab, dtype=dtypes.float32)
+    self.mask = Tensor.full((slots, (vocab + 31) // 32), 0xFFFFFFFF, dtype=dtypes.uint32, device=device).contiguous().realize()
 
 class Engine:
   def __init__(self, path, max_context: int | None = None, device: str | None = None, chunk: int | None = None,
-               cache: str | os.PathLike | bool | None = None, shipped: str | os.PathLike | None = None):
-    """cache: a directory (True: kernel_cache.cache_dir()) for the kernel database chosen for this
-    model and device (a missing one copied from `shipped`) and the repacked planes; None: neither,
-    tinygrad uses $CACHEDB."""
+               kernel_db=None, max_batch: int = 1):
+    """chunk: the largest prefill chunk (default: DEFAULT_CHUNK with tensor cores, else NO_TC_CHUNK). max_batch: slots,
+    the sequences the KV cache holds and a decode step can advance together. kernel_db: the model file opened and its
+    kernel database chosen by kernel_cache.prepare (where the process starts): the repacked planes and the captured
+    steps are kept beside that database; None: neither, tinygrad uses $CACHEDB."""
     t0 = time.monotonic()
-    self.file, self.cfg = open_model(path)
+    self.file, self.cfg = (kernel_db.file, kernel_db.cfg) if kernel_db is not None else open_model(path)
     self.path, self.device = path, device or Device.DEFAULT
     self.max_context = min(self.cfg.context_length, max_context or DEFAULT_CONTEXT)
-    if chunk is None: chunk = DEFAULT_CHUNK if Device[self.device].renderer.tensor_cores else NO_TC_CHUNK
+    if max_batch < 1: raise OrinError(f"max_batch must be at least 1, not {max_batch}")
+    tc = bool(Device[self.device].renderer.tensor_cores)
+    if chunk is None: chunk = DEFAULT_CHUNK if tc else NO_TC_CHUNK
     self.chunk = min(chunk, self.max_context)
-    self.kernel_db = None
-    if cache is not None and cache is not False:
-      from orin_llm import kernel_cache
-      cache = kernel_cache.cache_dir(None if cache is True else cache)
-      # before anything is realized: tinygrad opens its database at the first kernel
-      self.kernel_db = kernel_cache.select(cache, self.device, self.cfg, self.file.tensors, shipped=shipped)
-    self.weights = load_weights(self.file, self.cfg, self.device, cache_dir=cache if self.kernel_db else None,
+    # chunk sizes a prompt runs in: the largest, and small ones for short prompts where the largest is a matrix step
+    self.chunks = sorted({self.chunk} | ({min(SMALL_CHUNK, self.chunk)} if self.chunk > SMALL_CHUNK else set()))
+    self.kernel_db = kernel_db.db if kernel_db is not None else None
+    self.weights = load_weights(self.file, self.cfg, self.device, cache_dir=self.kernel_db.parent if self.kernel_db else None,
                                 fuse=fused_groups(self.cfg, {n: t.qtype for n, t in self.file.tensors.items()}))
     # a prefill chunk always runs `chunk` rows (a constant shape: matrix products on tensor cores, no symbolic
-    # length); the last one of a prompt is padded, so the prompt buffer, cache and tables reach a chunk further
-    self.model = Transformer(self.cfg, self.weights, self.max_context, self.device, pad=self.chunk)
-    # prompt tokens (read by prefill) and chosen tokens (written by every step, read by decode) are kept apart:
-    # a prefill chunk writes its choice at the position after it, where the next chunk's prompt token lies
-    self.prompt_buf = Tensor.zeros(self.max_context + self.chunk, dtype=dtypes.int32, device=self.device).contiguous().realize()
-    self.tok_buf = Tensor.zeros(self.max_context + 1, dtype=dtypes.int32, device=self.device).contiguous().realize()
-    self.params = Tensor(Sampling().as_list(), dtype=dtypes.float32, device=self.device).contiguous().realize()
-    self._params: list[float] | None = None
-    self.v_pos = UOp.variable("start_pos", 0, self.max_context - 1)
+    # length); the last one of a prompt is padded, so the cache, tables and prompt reach a chunk further
+    self.model = Transformer(self.cfg, self.weights, self.max_context, self.device, pad=max(self.chunk, VERIFY_SIZES[-1]), slots=max_batch)
+    self.state = RunState(self.model.capacity, max_batch, self.cfg.vocab_size, self.device)
+    self.slots = [Slot() for _ in range(max_batch)]
+    self.masked_slots: set[int] = set()  # slots whose mask row is not all ones
+    self.batch_sizes = tuple(b for b in BATCH_SIZES if b <= max_batch) + ((max_batch,) if max_batch > 1 and max_batch not in BATCH_SIZES else ())
+    # symbolic variables of the compiled steps; positions go to max_context: an idle row of a batch sits at its slot's
+    # length, which may be the end of the context (the cache's padding holds what it writes there)
+    self.v_pos = UOp.variable("start_pos", 0, self.max_context)
+    self.v_slot = UOp.variable("slot", 0, max_batch - 1)
     self.v_len = UOp.variable("chunk_len", 1, self.chunk)
-    self.v_next = UOp.variable("next_pos", 1, self.max_context)  # where a choice is written
-    self.logits = Tensor.zeros(self.cfg.vocab_size, dtype=dtypes.float32, device=self.device).contiguous().realize()
-    # the allowed-token bitmask of a constrained request (structured.Constraint), read only by the masked choice
-    # steps; allocated here, not on first use, so that captured steps (step_cache) always find it
-    self.mask = Tensor.full(((self.cfg.vocab_size + 31) // 32,), 0xFFFFFFFF, dtype=dtypes.uint32, device=self.device).contiguous().realize()
-    self._jits: dict[tuple[str, bool], TinyJit] = {}
-    self.cached: list[int] = []  # tokens whose keys and values are in the cache, from position 0
+    self.v_row = UOp.variable("hist_row", 0, HIST - 1)
+    self.v_rows = [UOp.variable(f"pos{b}", 0, self.max_context) for b in range(max(self.batch_sizes, default=0))]
+    self.v_blocks = UOp.variable("blocks", 1, self.model.capacity // KV_BLOCK)
+    self.steps = Steps(self)
     # the steps a start with this cache captured before (step_cache.py): nothing to schedule or capture
     from orin_llm import step_cache
     self.steps_file = step_cache.try_load(self)
     self.steps_loaded = self.steps_file is not None
     self.load_seconds = time.monotonic() - t0
     log.info(f"loaded {os.path.basename(str(path))}: {self.cfg.arch}, {self.cfg.n_layers} layers, dim {self.cfg.dim}, "
-             f"context {self.max_context}, {self.weight_bytes() / 2**20:.0f} MiB of weights + {self.kv_bytes() / 2**20:.0f} MiB KV cache "
-             f"(file {self.file.path.stat().st_size / 2**20:.0f} MiB; device memory in use {GlobalCounters.mem_used / 2**20:.0f} MiB) "
-             f"in {self.load_seconds:.1f} s")
+             f"context {self.max_context} x {max_batch} slot{'s' * (max_batch > 1)}, {self.weight_bytes() / 2**20:.0f} MiB of weights + "
+             f"{self.kv_bytes() / 2**20:.0f} MiB KV cache (file {self.file.path.stat().st_size / 2**20:.0f} MiB; device memory in use "
+             f"{GlobalCounters.mem_used / 2**20:.0f} MiB) in {self.load_seconds:.1f} s")
 
   # ------------------------------------------------------------------ memory
   def weight_bytes(self) -> int:
     return sum(w.nbytes() for w in self.weights.values())  # QuantWeight planes and float32 vectors alike
   def kv_bytes(self) -> int: return sum(b.cache.nbytes() for b in self.model.blocks)
+  @property
+  def max_batch(self) -> int: return len(self.slots)
 
-  # ------------------------------------------------------------------ compiled steps
-  def _logits(self, start_pos, T, prefill: bool = False, n=None) -> Tensor:
-    """The logits after the n-th of T tokens from start_pos (default: the last)."""
-    src = self.prompt_buf if prefill else self.tok_buf  # prefill reads the prompt, decode the last choice
-    return self.model(src[start_pos:start_pos + T], start_pos, n)
+  # ------------------------------------------------------------------ slots
+  def reset(self, slot: int | None = None):
+    """Forgets what the slot (default: every slot) holds: its next prompt runs from position 0."""
+    for i in range(len(self.slots)) if slot is None else [slot]: self.slots[i].cached, self.slots[i].next = [], None
+  @property
+  def cached(self) -> list[int]:
+    """Slot 0's cached tokens (the single-sequence API)."""
+    return self.slots[0].cached
 
-  def _choice(self, logits: Tensor, pos, use_greedy: bool) -> Tensor:
-    """Writes the token chosen from logits at tok_buf[pos]."""
-    nxt = greedy(logits) if use_greedy else sample(logits, self.params, pos)
-    return self.tok_buf[pos:pos + 1].assign(nxt)
+  def common_prefix(self, slot: int, tokens: list[int]) -> int:
+    n = 0
+    for a, b in zip(self.slots[slot].cached, tokens):
+      if a != b: break
+      n += 1
+    return n
 
-  def _step(self, start_pos, T, use_greedy: bool, prefill: bool = False, n=None) -> Tensor:
-    """One step uncompiled, model and choice together: the kernels the compiled steps run (bench, profiles)."""
-    return self._choice(self._logits(start_pos, T, prefill, n), start_pos + (T if n is None else n), use_greedy)
-
-  def _jit(self, kind: str, use_greedy: bool | None = None) -> TinyJit:
-    """The compiled steps: "prefill" and "decode" run the model into self.logits, "choose" (greedy or sampled)
-    picks a token from it. Kept apart, greedy and sampled requests share the model's two graphs, which are
-    what a start-up spends its time capturing (docs/PERF.md: start-up)."""
-    if (kind, use_greedy) not in self._jits:
-      if kind == "prefill": fn = lambda sp, n: self.logits.assign(self._logits(sp, self.chunk, True, n)).realize()
-      elif kind == "decode": fn = lambda sp: self.logits.assign(self._logits(sp, 1)).realize()
-      elif kind == "choose_masked":
-        # sampling reads the logits in several reductions: masked once into a buffer, not unpacked in each of them
-        fn = lambda nx: self._choice(masked(self.logits, self.mask) if use_greedy else masked(self.logits, self.mask).contiguous(), nx, use_greedy).realize()
-      else: fn = lambda nx: self._choice(self.logits, nx, use_greedy).realize()
-      jit = TinyJit(fn)
-      # capture on the first call: TinyJit runs a function once uncompiled before capturing it, so that lazy inputs
-      # get realized outside the graph; everything the steps read is realized at load, and skipping that run saves
-      # a start-up one of the two schedulings of each step (docs/PERF.md: start-up)
-      jit.cnt = 1
-      self._jits[(kind, use_greedy)] = jit
-      what = {True: "greedy ", False: "sampled ", None: ""}[use_greedy] + {"choose": "choice", "choose_masked": "masked choice"}.get(kind, f"{kind} step")
-      log.info(f"compiling the {what} (first use; cached kernels make this quick)")
-    return self._jits[(kind, use_greedy)]
+  def check_prompt(self, prompt: list[int]):
+    if not prompt: raise OrinError("the prompt is empty (no tokens)")
+    if len(prompt) >= self.max_context:
+      raise OrinError(f"the prompt has {len(prompt)} tokens, but the context holds {self.max_context} (prompt plus at least one new token)")
 
   @staticmethod
   def _copy_in(buf: Tensor, start: int, values: np.ndarray):
-    """buf[start:start+len(values)] = values as a plain host-to-device copy. A slice assign would compile
+    """buf.flat[start:start+len(values)] = values as a plain host-to-device copy. A slice assign would compile
     a kernel for each length and offset: a BEAM search inside a request for every new prompt length."""
     from tinygrad.device import Buffer
     b = buf.uop.buffer
@@ -130,169 +150,263 @@ class Engine:
     src = Buffer("PYTHON", len(values), b.dtype, opaque=memoryview(bytearray(np.ascontiguousarray(values).tobytes())))
     b.view(len(values), b.dtype, start * b.dtype.itemsize).ensure_allocated().copy_from(src)
 
-  @staticmethod
-  def _raw(buf: Tensor, start: int, n: int):
-    """Elements start..start+n of a realized Tensor's device buffer, as a tinygrad Buffer view."""
-    b = buf.uop.buffer
-    return b.view(n, b.dtype, start * b.dtype.itemsize).ensure_allocated()
-
-  def _read_token(self, pos: int) -> int:
-    """tok_buf[pos], copied straight out of the device buffer: a Tensor read (`.item()`) schedules a kernel, and
-    Buffer.copy_from builds a graph, each a few ms of host time that a constrained request (one read and one
-    mask upload per token) would pay on every token."""
-    v, out = self._raw(self.tok_buf, pos, 1), np.empty(1, np.int32)
-    v.allocator._copyout(memoryview(out).cast("B"), v._buf)  # waits for the queued steps, as any read does
-    return int(out[0])
-
-  def _set_mask(self, words: np.ndarray):
-    """The bitmask into self.mask, as _read_token: the allocator's own copy (queued in order on a GPU)."""
-    v = self._raw(self.mask, 0, len(words))
+  def set_mask(self, slot: int, words: np.ndarray | None):
+    """The slot's allowed-token bitmask (structured.Constraint.mask_words; None: every token). Copied straight through
+    the allocator: _copy_in's Buffer.copy_from builds a graph, a few ms of host time on every constrained token."""
+    if words is None:
+      if slot not in self.masked_slots: return
+      self.masked_slots.discard(slot)
+      words = np.full(self.state.mask.shape[1], 0xFFFFFFFF, np.uint32)
+    else: self.masked_slots.add(slot)
+    b, W = self.state.mask.uop.buffer, self.state.mask.shape[1]
+    v = b.view(W, b.dtype, slot * W * b.dtype.itemsize).ensure_allocated()
     v.allocator._copyin(v._buf, memoryview(np.ascontiguousarray(words, np.uint32)).cast("B"))
 
-  def _set_sampling(self, s: Sampling):
-    if (vals := s.as_list()) != self._params:
-      self._copy_in(self.params, 0, np.array(vals, np.float32))
-      self._params = vals
+  def _masks(self, masks, rows) -> bool:
+    """Sets the bitmasks masks() returns ({slot: words or None}), once the model step is queued: the host computes them
+    while the device runs it. Whether the choice over these rows needs the masked step."""
+    if masks is not None:
+      for slot, words in masks().items(): self.set_mask(slot, words)
+    return any(r in self.masked_slots for r in rows)
 
-  def prefill(self, tokens: list[int], start: int, use_greedy: bool | None) -> None:
-    """Runs tokens[start:] through the model; the chosen next token lands at tok_buf[len(tokens)]
-    (use_greedy None: no choice, the logits stay in self.logits)."""
-    self._copy_in(self.prompt_buf, start, np.array(tokens[start:], np.int32))
-    jit = self._jit("prefill")
-    for s in range(start, len(tokens), self.chunk):
-      jit(self.v_pos.bind(s), self.v_len.bind(min(self.chunk, len(tokens) - s)))
-    if use_greedy is not None: self._jit("choose", use_greedy)(self.v_next.bind(len(tokens)))
-    self.cached = list(tokens)
+  def set_sampling(self, slot: int, s: Sampling):
+    if self.slots[slot].sampling != s:
+      self._copy_in(self.state.params, slot * 4, np.array(s.as_list(), np.float32))
+      self.slots[slot].sampling = s
 
-  def decode(self, pos: int, n: int, use_greedy: bool) -> list[int]:
-    """n decode steps from position pos (whose token is already in tok_buf), queued back to back."""
-    step, choose = self._jit("decode"), self._jit("choose", use_greedy)
-    for i in range(n):
-      step(self.v_pos.bind(pos + i))
-      choose(self.v_next.bind(pos + i + 1))
-    return self.tok_buf[pos + 1:pos + 1 + n].tolist() if n > 1 else [int(self.tok_buf[pos + 1].item())]
+  # ------------------------------------------------------------------ prefill and decode
+  def chunk_plan(self, n: int) -> list[int]:
+    """The chunk sizes that run n prompt tokens: the largest chunk while more than SMALL_CHUNK_MAX tokens are left
+    (a padded matrix step costs about what SMALL_CHUNK_MAX tokens of small chunks do), then small chunks."""
+    big, small, out = self.chunks[-1], self.chunks[0], []
+    while n > 0:
+      c = big if n > SMALL_CHUNK_MAX or small == big else small
+      out.append(c); n -= c
+    return out
 
-  def forward(self, tokens: list[int], start: int) -> "np.ndarray":
-    """Runs tokens at positions start.. uncompiled (no JIT) and returns the last one's logits:
-    the plain path that tests and checks compare the compiled steps against."""
-    self._copy_in(self.prompt_buf, start, np.array(tokens, np.int32))
-    logits = self.model(self.prompt_buf[start:start + len(tokens)], start).numpy()
-    self.cached = self.cached[:start] + list(tokens)
-    return logits
+  def prefill_chunks(self, slot: int, tokens: list[int], sampling: Sampling = Sampling(), mask=None) -> Iterator[int]:
+    """Runs the tokens the slot has not cached (the last one always: its logits choose the next token), one chunk
+    at a time, yielding the number of tokens queued so far after each; the chosen token is in next_tok[slot]. Stopping
+    the iteration early leaves the slot holding the chunks that ran. mask: a callback giving the first token's
+    bitmask (or None), called once the last chunk is queued."""
+    self.check_prompt(tokens)
+    start = min(self.common_prefix(slot, tokens), len(tokens) - 1)
+    self.set_sampling(slot, sampling)
+    s = self.slots[slot]
+    s.cached, s.next = s.cached[:start], None
+    self._copy_in(self.state.prompt, start, np.array(tokens[start:], np.int32))
+    pos = start
+    for c in self.chunk_plan(len(tokens) - start):
+      n = min(c, len(tokens) - pos)
+      self.steps.chunk(c)(self.v_pos.bind(pos), self.v_slot.bind(slot), self.v_len.bind(n))
+      pos += n
+      s.cached = tokens[:pos]
+      if pos < len(tokens): yield pos
+    use_mask = self._masks(lambda: {slot: mask() if mask is not None else None}, [slot])  # a new job: no stale mask
+    self.steps.choose("one", sampling.greedy, use_mask)(self.v_pos.bind(pos), self.v_slot.bind(slot), self.v_row.bind(0))
+    yield pos
+
+  def first_token(self, slot: int) -> int:
+    """The token the slot's prefill chose (waits for the device)."""
+    s = self.slots[slot]
+    if s.next is None: s.next = int(self.state.next_tok[slot].item())
+    return s.next
+
+  def prefill(self, slot: int, tokens: list[int], sampling: Sampling = Sampling(), mask=None) -> int:
+    """prefill_chunks run to the end; returns the chosen next token."""
+    for _ in self.prefill_chunks(slot, tokens, sampling, mask): pass
+    return self.first_token(slot)
+
+  def decode(self, slots: list[int], n: int, masks=None) -> np.ndarray:
+    """n decode steps for each of the given slots, queued back to back: each slot's input is the token chosen for it
+    last (next_tok), at the position after what it caches. Returns the chosen tokens, (n, len(slots)); each slot then
+    caches its input and the first n-1 of them. masks (constrained requests; n = 1): a callback giving {slot: bitmask}
+    (_masks), called once the model step is queued."""
+    assert 1 <= n <= HIST and slots and (masks is None or n == 1)
+    if any(len(self.slots[s].cached) + n > self.max_context for s in slots): raise OrinError("decode past the end of the context")
+    assert all(self.slots[s].next is not None for s in slots), "decode needs each slot's last choice (first_token)"
+    greedy_only = all(self.slots[s].sampling is None or self.slots[s].sampling.greedy for s in slots)
+    # each step's input is next_tok, which the previous choice wrote; written here from the host's copy first, since a
+    # batch's idle rows choose (and write next_tok) too, for slots that may be joining or waiting to be reused
+    if len(slots) == 1:
+      s = slots[0]
+      self._copy_in(self.state.next_tok, s, np.array([self.slots[s].next], np.int32))
+      step, base = self.steps.chunk(1), len(self.slots[s].cached)
+      for i in range(n):
+        step(self.v_pos.bind(base + i), self.v_slot.bind(s), self.v_len.bind(1))
+        choose = self.steps.choose("one", greedy_only, self._masks(masks, [s]))
+        choose(self.v_pos.bind(base + i + 1), self.v_slot.bind(s), self.v_row.bind(i))
+      out = self.state.hist[0:n, s].numpy().reshape(n, 1)
+    else:
+      B = next(b for b in self.batch_sizes if b > max(slots))
+      self._copy_in(self.state.next_tok, 0, np.array([self.slots[b].next or 0 for b in range(B)], np.int32))
+      step = self.steps.batch(B)
+      # rows of idle slots sit at their slot's length: what they write there lies past everything the slot caches
+      base = [min(len(self.slots[b].cached), self.max_context - n) for b in range(B)]
+      for i in range(n):
+        var = [v.bind(p + i) for v, p in zip(self.v_rows, base)]
+        blocks = self.v_blocks.bind((max(base) + i + 1 + KV_BLOCK - 1) // KV_BLOCK)
+        step(*var, blocks)
+        choose = self.steps.choose(f"batch{B}", greedy_only, self._masks(masks, slots))  # idle rows: all ones, or stale
+        choose(*[v.bind(p + i + 1) for v, p in zip(self.v_rows, base)], self.v_row.bind(i))
+      out = self.state.hist[0:n, 0:B].numpy()[:, slots]
+    for j, s in enumerate(slots):
+      c = self.slots[s]
+      c.cached, c.next = c.cached + [c.next] + out[:n - 1, j].tolist(), int(out[n - 1, j])
+    return out
+
+  def verify(self, slot: int, proposals: list[int]) -> list[int]:
+    """Speculative decoding's step (speculative.py): the slot's last choice and the proposed tokens after it run as
+    one step, each row choosing as a decode step at its position would; the proposals are accepted while they equal
+    those choices. Returns the tokens chosen up to and including the first that differs from its proposal (all of
+    them when every proposal holds): 1 to len(proposals)+1 tokens. The slot then caches its last choice and the
+    accepted proposals; what the rejected ones wrote into the cache lies past that and is overwritten later."""
+    s = self.slots[slot]
+    assert s.next is not None and proposals
+    pos = len(s.cached)
+    proposals = proposals[:max(0, min(VERIFY_SIZES[-1] - 1, self.max_context - 1 - pos))]
+    if not proposals: return self.decode([slot], 1)[:, 0].tolist()
+    rows = [s.next] + proposals
+    K = next(v for v in VERIFY_SIZES if v >= len(rows))
+    self._copy_in(self.state.prompt, pos, np.array(rows + [0] * (K - len(rows)), np.int32))
+    greedy_only = s.sampling is None or s.sampling.greedy
+    self.steps.verify(K)(self.v_pos.bind(pos), self.v_slot.bind(slot))
+    self.steps.choose(f"verify{K}", greedy_only)(self.v_pos.bind(pos), self.v_slot.bind(slot))
+    chosen = self.state.hist[0:K, slot].numpy()[:len(rows)].tolist()
+    a = 0
+    while a < len(proposals) and proposals[a] == chosen[a]: a += 1
+    s.cached, s.next = s.cached + rows[:a + 1], chosen[a]
+    return chosen[:a + 1]
 
   # ------------------------------------------------------------------ generation
-  def check_prompt(self, prompt: list[int]):
-    if not prompt: raise OrinError("the prompt is empty (no tokens)")
-    if len(prompt) >= self.max_context:
-      raise OrinError(f"the prompt has {len(prompt)} tokens, but the context holds {self.max_context} (prompt plus at least one new token)")
-
   def generate(self, prompt: list[int], max_new: int, sampling: Sampling = Sampling(), stop_ids=frozenset(),
-               lookahead: int = DEFAULT_LOOKAHEAD, constraint=None) -> Iterator[int]:
-    """Yields up to max_new tokens after the prompt, ending after a token in stop_ids (yielded) or at
-    the end of the context. Keys and values of a prompt prefix seen before are reused.
-    constraint (structured.Constraint): each token is chosen among those its mask_words() allows, and
-    generation ends after the token for which its advance() says the grammar is complete."""
-    self.check_prompt(prompt)
-    common = 0
-    for a, b in zip(self.cached, prompt):
-      if a != b: break
-      common += 1
-    start = min(common, len(prompt) - 1)  # the last prompt token always runs: its logits choose the next one
-    self._set_sampling(sampling)
+               lookahead: int = DEFAULT_LOOKAHEAD, slot: int = 0, speculator=None, constraint=None) -> Iterator[int]:
+    """Yields up to max_new tokens after the prompt, ending after a token in stop_ids (yielded) or at the end of the
+    context. Keys and values of a prompt prefix the slot holds from before are reused. speculator
+    (speculative.Speculator): tokens come from verify steps over its proposals while it has any. constraint
+    (structured.Constraint): each token is chosen among those its mask_words() allows, and generation ends after
+    the token for which its advance() says the grammar is complete."""
     if constraint is not None:
-      yield from self._generate_constrained(prompt, start, max_new, sampling.greedy, stop_ids, constraint)
+      yield from self._generate_constrained(prompt, max_new, sampling, stop_ids, slot, constraint)
       return
-    self.prefill(prompt, start, sampling.greedy)
-    pos, produced = len(prompt), 0
-    pending = [int(self.tok_buf[pos].item())]
+    tok = self.prefill(slot, prompt, sampling)
+    pos, produced, pending = len(prompt), 0, [tok]  # pos: where tok goes
     while pending:
       tok = pending.pop(0)
       produced += 1
       yield tok
       if tok in stop_ids or produced >= max_new or pos + 1 >= self.max_context: break
       if not pending:
-        n = max(1, min(lookahead, max_new - produced, self.max_context - 1 - pos))
-        pending = self.decode(pos, n, sampling.greedy)
-        # decode wrote keys/values for positions pos .. pos+n-1, whose tokens are tok and pending[:-1]
-        self.cached = self.cached[:pos] + [tok] + pending[:-1]
+        room = min(max_new - produced, self.max_context - 1 - pos)  # tokens still wanted and allowed
+        s = self.slots[slot]
+        if speculator is not None and (k := min(speculator.want(), room - 1)) > 0 and \
+           (props := speculator.source.propose(s.cached + [s.next], k)[:k]):
+          pending = self.verify(slot, props)
+          speculator.update(len(props), len(pending) - 1)
+        else:
+          # while speculating, plain decoding runs in short stretches: proposals may appear after any token
+          n = max(1, min(lookahead if speculator is None or speculator.resting else 2, HIST, room))
+          pending = self.decode([slot], n)[:, 0].tolist()
+          if speculator is not None: speculator.rested(n)
       pos += 1
 
-  def _generate_constrained(self, prompt: list[int], start: int, max_new: int, use_greedy: bool, stop_ids, constraint) -> Iterator[int]:
+  def _generate_constrained(self, prompt, max_new, sampling, stop_ids, slot, constraint) -> Iterator[int]:
     """Lookahead 1: the mask for token t+1 depends on token t, so each token reaches the host (and the grammar)
-    before the next choice. The model step that token t feeds does not need it on the host, though, and runs while
-    the host computes the next mask. With a pipe (_TokenPipe: CUDA) that step is queued right behind the choice and
-    the token's copy, and the host waits for the copy alone: the device never waits for the host while the host's
-    work per token (queueing two steps, the grammar) is shorter than a model step. Without one, the step is queued
-    once the token is read, which waits for everything queued: the device idles while the host queues it."""
-    self.prefill(prompt, start, None)  # queued; mask 0 is computed while it runs
-    choose = {m: self._jit("choose_masked" if m else "choose", use_greedy) for m in (True, False)}
-    decode, pos, pipe = self._jit("decode"), len(prompt), self._token_pipe()
-    for produced in range(1, max_new + 1):
-      words = constraint.mask_words()
-      if words is not None: pipe.upload(words) if pipe else self._set_mask(words)
-      choose[words is not None](self.v_next.bind(pos))
-      queued = pipe is not None and produced < max_new and pos + 1 < self.max_context  # a next step may be needed
-      if pipe is not None:
-        pipe.fetch(pos)
-        if queued: decode(self.v_pos.bind(pos))  # behind the token's copy; wasted if this token ends the answer
-        tok = pipe.wait()
-      else: tok = self._read_token(pos)
-      done = constraint.advance(tok)
-      last = done or tok in stop_ids or produced >= max_new or pos + 1 >= self.max_context
-      if not last and not queued:
-        decode(self.v_pos.bind(pos))  # queued before the token goes out: it runs while the consumer and the grammar work
-        queued = True
-      if queued: self.cached = self.cached[:pos] + [tok]  # that step writes tok's keys and values at pos
-      yield tok
-      if last: break
-      pos += 1
+    before the next choice; the host computes that mask while the device runs the model step token t feeds."""
+    try:
+      tok, produced = self.prefill(slot, prompt, sampling, mask=constraint.mask_words), 0
+      while True:
+        produced += 1
+        done = constraint.advance(tok)
+        yield tok
+        if done or tok in stop_ids or produced >= max_new or len(self.slots[slot].cached) + 1 >= self.max_context: break
+        tok = int(self.decode([slot], 1, masks=lambda: {slot: constraint.mask_words()})[0, 0])
+    finally: self.set_mask(slot, None)
 
-  def _token_pipe(self):
-    """The _TokenPipe of this engine's device, None where there is none (then reads wait for the whole queue)."""
-    if not hasattr(self, "_pipe"):
-      self._pipe = None
-      if self.device.split(":")[0] == "CUDA":
-        try: self._pipe = _CudaPipe(self)
-        except Exception as e: log.info(f"constrained decoding: no asynchronous token read on {self.device} ({type(e).__name__}: {e})")
-    return self._pipe
+  def forward(self, tokens: list[int], start: int, slot: int = 0) -> "np.ndarray":
+    """Runs tokens at positions start.. uncompiled (no JIT) and returns the last one's logits: the plain path that
+    tests and checks compare the compiled steps against."""
+    self._copy_in(self.state.prompt, start, np.array(tokens, np.int32))
+    logits = self.model(self.state.prompt[start:start + len(tokens)], Rows((start,), len(tokens), slot)).numpy()[0]
+    self.slots[slot].cached, self.slots[slot].next = self.slots[slot].cached[:start] + list(tokens), None
+    return logits
 
-class _TokenPipe:
-  """The host side of a constrained request's steps: upload(words) puts the bitmask into the engine's mask buffer,
-  fetch(pos) queues the copy of tok_buf[pos] to the host behind the steps queued so far, wait() returns it once
-  that copy is done, while steps queued after it still run. This one works on every device, with the allocator's
-  copies (its wait waits for everything queued); tests use it to run the pipelined loop on the CPU."""
-  def __init__(self, eng): self.eng, self.pos = eng, None
-  def upload(self, words: np.ndarray): self.eng._set_mask(words)
-  def fetch(self, pos: int): self.pos = pos
-  def wait(self) -> int: return self.eng._read_token(self.pos)
+  def profile_step(self, slot: int = 0) -> Tensor:
+    """The single-sequence decode step (model and greedy choice) at the slot's next position, uncompiled: its kernels
+    one by one (bench counts them, profiles time them)."""
+    return self.steps.one_decode(self.v_pos.bind(len(self.slots[slot].cached)), self.v_slot.bind(slot))
 
-class _CudaPipe(_TokenPipe):
-  """CUDA: both copies go through one pinned host buffer as async copies on the default stream, the one tinygrad
-  queues its kernels and graphs on, so they are ordered with the steps; wait() synchronizes on an event recorded
-  after the token's copy rather than on the device. The buffer's mask half is rewritten only after the previous
-  token's event, which follows the previous mask's copy."""
-  def __init__(self, eng):
-    import ctypes
-    from tinygrad.runtime.autogen import cuda
-    from tinygrad.runtime.ops_cuda import check
-    self.ct, self.cuda, self.check, self.dev = ctypes, cuda, check, Device[eng.device]
-    self.words = eng.mask.shape[0]
-    check(cuda.cuCtxSetCurrent(self.dev.context))
-    self.host = ctypes.c_void_p()
-    check(cuda.cuMemHostAlloc(ctypes.byref(self.host), 8 + 4 * self.words, 0x01))  # [token, pad, mask words]
-    self.event = cuda.CUevent()
-    check(cuda.cuEventCreate(ctypes.byref(self.event), 0x2))  # CU_EVENT_DISABLE_TIMING
-    self.mask_ptr, self.tok_ptr = eng._raw(eng.mask, 0, 1)._buf.value, eng._raw(eng.tok_buf, 0, 1)._buf.value
-  def upload(self, words: np.ndarray):
-    c, n = self.cuda, 4 * len(words)
-    self.check(c.cuCtxSetCurrent(self.dev.context))
-    self.ct.memmove(self.host.value + 8, np.ascontiguousarray(words, np.uint32).ctypes.data, n)
-    self.check(c.cuMemcpyHtoDAsync_v2(c.CUdeviceptr_v2(self.mask_ptr), self.ct.c_void_p(self.host.value + 8), n, None))
-  def fetch(self, pos: int):
-    c = self.cuda
-    self.check(c.cuCtxSetCurrent(self.dev.context))
-    self.check(c.cuMemcpyDtoHAsync_v2(self.ct.c_void_p(self.host.value), c.CUdeviceptr_v2(self.tok_ptr + 4 * pos), 4, None))
-    self.check(c.cuEventRecord(self.event, None))
-  def wait(self) -> int:
-    self.check(self.cuda.cuEventSynchronize(self.event))
-    return self.ct.c_int32.from_address(self.host.value).value
+class Steps:
+  """The engine's compiled steps (TinyJits), by name:
+  chunk{T}       one sequence, T tokens from start_pos in slot `slot` (T = 1: decoding alone) -> logits[0] of row chunk_len
+  batch{B}       sequences in slots 0..B-1, one token each at pos0..pos{B-1} -> logits[0:B]
+  verify{K}      one sequence, K tokens from start_pos in slot `slot` -> logits[0:K] of every row (speculative decoding)
+  choose-{rows}-{greedy|sampled}  a token per row of logits -> next_tok and hist[hist_row] (verify: hist[0:K, slot]);
+                 -masked: among each row's tokens allowed by its row of mask (constrained requests: their own steps,
+                 so that unconstrained ones run exactly what they ran before)
+  Model and choice are apart: greedy and sampled requests share the model's graphs, which are what a start-up spends
+  its time capturing (docs/PERF.md: start-up)."""
+  def __init__(self, eng: Engine):
+    self.eng, self.jits = eng, {}
+
+  def _get(self, name: str, fn) -> TinyJit:
+    if name not in self.jits:
+      jit = TinyJit(fn)
+      # capture on the first call: TinyJit runs a function once uncompiled before capturing it, so that lazy inputs
+      # get realized outside the graph; everything the steps read is realized at load, and skipping that run saves
+      # a start-up one of the two schedulings of each step (docs/PERF.md: start-up)
+      jit.cnt = 1
+      self.jits[name] = jit
+      log.info(f"compiling the {name} step (first use; cached kernels make this quick)")
+    return self.jits[name]
+
+  def chunk(self, T: int) -> TinyJit:
+    e, st = self.eng, self.eng.state
+    def fn(pos, slot, n):
+      src = st.prompt[pos:pos + T] if T > 1 else st.next_tok[slot:slot + 1]  # decode reads the last choice
+      return st.logits[0:1].assign(e.model(src, Rows((pos,), T, slot), n)).realize()
+    return self._get(f"chunk{T}", fn)
+
+  def batch(self, B: int) -> TinyJit:
+    e, st = self.eng, self.eng.state
+    def fn(*args):
+      pos, blocks = args[:B], args[B]
+      return st.logits[0:B].assign(e.model(st.next_tok[0:B], Rows(tuple(pos), 1, 0, blocks))).realize()
+    return self._get(f"batch{B}", fn)
+
+  def verify(self, K: int) -> TinyJit:
+    e, st = self.eng, self.eng.state
+    def fn(pos, slot):
+      return st.logits[0:K].assign(e.model(st.prompt[pos:pos + K], Rows((pos,), K, slot), all_rows=True)).realize()
+    return self._get(f"verify{K}", fn)
+
+  def choose(self, rows: str, use_greedy: bool, use_mask: bool = False) -> TinyJit:
+    """rows "one": logits[0] for the slot `slot` at position start_pos; "batch{B}": logits[0:B] for slots 0..B-1.
+    use_mask: masked by those slots' rows of mask (not for verify: constrained requests do not speculate)."""
+    st = self.eng.state
+    def pick(logits, params, pos, mask=None):
+      # sampling reads the logits in several reductions: masked once into a buffer, not unpacked in each of them
+      if mask is not None: logits = masked(logits, mask) if use_greedy else masked(logits, mask).contiguous()
+      return greedy(logits) if use_greedy else sample(logits, params, pos)
+    if rows == "one":
+      def fn(pos, slot, row):
+        t = pick(st.logits[0:1], st.params[slot:slot + 1], pos, st.mask[slot:slot + 1] if use_mask else None)
+        return Tensor.realize(st.next_tok[slot:slot + 1].assign(t), st.hist[row:row + 1, slot:slot + 1].assign(t.reshape(1, 1)))
+    elif rows.startswith("verify"):  # K rows of one sequence, row i choosing the token at position start_pos+i+1
+      K = int(rows.removeprefix("verify"))
+      def fn(pos, slot):
+        t = pick(st.logits[0:K], st.params[slot:slot + 1].expand(K, 4), Tensor(pos).reshape(1) + 1 + Tensor.arange(K))
+        return st.hist[0:K, slot:slot + 1].assign(t.reshape(K, 1)).realize()
+    else:
+      B = int(rows.removeprefix("batch"))
+      def fn(*args):
+        pos, row = args[:B], args[B]
+        t = pick(st.logits[0:B], st.params[0:B], Tensor.stack(*[Tensor(p) for p in pos]), st.mask[0:B] if use_mask else None)
+        return Tensor.realize(st.next_tok[0:B].assign(t), st.hist[row:row + 1, 0:B].assign(t.reshape(1, B)))
+    assert not (use_mask and rows.startswith("verify"))
+    return self._get(f"choose-{rows}-{'greedy' if use_greedy else 'sampled'}{'-masked' * use_mask}", fn)
+
+  def one_decode(self, pos, slot) -> Tensor:
+    e, st = self.eng, self.eng.state
+    logits = e.model(st.next_tok[slot:slot + 1], Rows((pos,), 1, slot))
+    return st.next_tok[slot:slot + 1].assign(greedy(logits))

@@ -4,7 +4,8 @@ The format's constants, value types and quantization block sizes come from the `
 The header is parsed here rather than with `gguf.GGUFReader`, which builds one numpy view per
 string and takes ~8 s to open the Llama 3 vocabulary (280k merges); this parser reads the same
 header in well under a second and is tested field for field against GGUFReader
-(tests/test_gguf_file.py). Tensor data is never copied: each tensor is a view of one np.memmap.
+(tests/test_errors.py, test_metadata_matches_gguf_reader). Tensor data is never copied: each tensor is a
+view of one np.memmap.
 """
 from __future__ import annotations
 import mmap, os, pathlib, struct
@@ -74,8 +75,8 @@ class _Cursor:
     return self.unpack(_SCALAR[vtype])
 
 class GGUFFile:
-  """An open GGUF file: `metadata` (dict), `tensors` (name -> TensorInfo), `data(name)` (a read-only
-  np.memmap view of the tensor's raw bytes or values, never a copy)."""
+  """An open GGUF file: `metadata` (dict), `tensors` (name -> TensorInfo), `raw(name)` (the tensor's bytes
+  as uint8, shaped (rows, bytes per row): a read-only np.memmap view, never a copy)."""
   def __init__(self, path: str | os.PathLike):
     self.path = pathlib.Path(path)
     try: size = self.path.stat().st_size

@@ -4,7 +4,7 @@ tinygrad keeps compiled programs and BEAM search results in one database (`CACHE
 hold no GPU architecture, so a database filled on one GPU must not be used on another. We choose
 the file ourselves:
     <dir>/kernels-<device>-<arch>-tinygrad<version>+<patches8>-<model8>-beam<N>.db
-dir: --cache, [kernel_cache] directory, $ORIN_LLM_CACHE_DIR, else ~/.cache/orin-llm. The model
+dir: --cache, [kernel_cache] directory, $ORIN_LLM_CACHE_DIR, else ~/.cache/orin-llm (settings.py). The model
 hash covers the ModelConfig and the tensors' shapes and types, not the weights nor the context
 length (kernels of another context land in the same file; tinygrad's keys tell them apart).
 
@@ -13,18 +13,16 @@ tinygrad opens the database lazily, at its first lookup, from the module global 
 in WAL mode, which cannot open a read-only file: a shipped database is copied first.
 
 `Counter` counts lookups (compiled programs and BEAM results) served from the file (hits) and
-compiled or searched (misses), so a server can say whether anything compiled after READY.
+compiled or searched (misses), so a server can say whether anything compiled after READY, and
+notes when compiling or BEAM search last made progress, so that the server's watchdog can tell a
+long search from a stuck thread.
 """
 from __future__ import annotations
-import dataclasses, hashlib, json, logging, os, pathlib, platform, re, shutil, tempfile
+import dataclasses, hashlib, json, logging, os, pathlib, platform, re, shutil, time
+from orin_llm.fileutil import AtomicFile
+from orin_llm.settings import cache_dir, beam_width  # the directory and BEAM width are settings (engine.py calls cache_dir here)
 
 logger = logging.getLogger("orin_llm")
-ENV_DIR = "ORIN_LLM_CACHE_DIR"
-
-def cache_dir(explicit: str | os.PathLike | None = None) -> pathlib.Path:
-  if explicit: return pathlib.Path(explicit)
-  if os.environ.get(ENV_DIR): return pathlib.Path(os.environ[ENV_DIR])
-  return pathlib.Path(os.path.expanduser("~/.cache")) / "orin-llm"
 
 def _h8(obj) -> str: return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:8]
 def _clean(s: str) -> str: return re.sub(r"[^A-Za-z0-9_.]+", "-", s).strip("-").lower()
@@ -50,10 +48,6 @@ def model_shape(cfg, tensors) -> str:
   """Hash of what decides the kernels: the config and each tensor's shape and type (not the weights)."""
   return _h8([dataclasses.asdict(cfg), sorted((t.name, list(t.shape), t.qtype.name) for t in tensors.values())])
 
-def beam_width() -> int:
-  from tinygrad.helpers import BEAM
-  return int(BEAM.value)
-
 def db_name(device: str, arch: str, build: str, shape: str, beam: int) -> str:
   return f"kernels-{device}-{arch}-tinygrad{build}-{shape}-beam{beam}.db"
 
@@ -65,14 +59,8 @@ def install_shipped(target: pathlib.Path, shipped: str | os.PathLike | None) -> 
   if src.is_dir(): src = src / target.name
   if not src.is_file(): return False
   target.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".db")
-  try:
-    with os.fdopen(fd, "wb") as out, open(src, "rb") as f: shutil.copyfileobj(f, out, 1 << 20)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, target)  # atomic: another process never sees half a database
-  except BaseException:
-    pathlib.Path(tmp).unlink(missing_ok=True)
-    raise
+  # atomic: another process never sees half a database
+  with AtomicFile(target) as out, open(src, "rb") as f: shutil.copyfileobj(f, out, 1 << 20)
   logger.info(f"kernel cache: copied the shipped {src} to {target}")
   return True
 
@@ -120,6 +108,22 @@ def select(directory, device: str, cfg, tensors, beam: int | None = None, shippe
   logger.info(f"kernel cache: {path}" + ("" if path.exists() else " (new: kernels compile on first use, which takes a while)"))
   return path
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """A model file opened and the kernel database chosen for it (prepare): what an Engine with a cache takes."""
+  file: object
+  cfg: object
+  db: pathlib.Path
+
+def prepare(model, directory=True, device: str | None = None, shipped=None) -> Prepared:
+  """Opens the model file's header and chooses, installs and uses its kernel database in directory (True: the default
+  cache directory): process-wide state (tinygrad's CACHEDB, the counters), so a command calls this where it starts,
+  before it builds the engine (Engine(model, kernel_db=prepare(...)))."""
+  from tinygrad import Device
+  from orin_llm.loader import open_model
+  f, cfg = open_model(model)
+  return Prepared(f, cfg, select(None if directory is True else directory, device or Device.DEFAULT, cfg, f.tensors, shipped=shipped))
+
 # ---------------------------------------------------------------- hit and miss counting
 
 class Counter:
@@ -130,7 +134,13 @@ class Counter:
   def __init__(self):
     self.hits = self.misses = self.searched = self.compiled = 0
     self.path: str | None = None
+    self.progress = 0.0  # time.monotonic() of the last lookup, compile or BEAM candidate timed in this process
     self._installed = self._warned = False
+
+  def progressed(self, within: float) -> bool:
+    """Compiling or BEAM search made progress within the last `within` seconds. A kernel first met at
+    request time can search for minutes; each candidate it times counts."""
+    return time.monotonic() - self.progress < within
 
   def snapshot(self) -> dict:
     return {"path": self.path, "hits": self.hits, "misses": self.misses, "compiled": self.compiled, "searched": self.searched}
@@ -150,10 +160,12 @@ class Counter:
     from tinygrad.codegen.opt import search
     pid, c = os.getpid(), self
     orig_device_get, orig_search_get, orig_lower = device.diskcache_get, search.diskcache_get, realize.lower_and_compile
+    orig_time = search._time_program
     # tinygrad's own lookups, counted where its modules call them: Compiler.compile_cached (device.py) looks
     # up a program, beam_search (search.py) a BEAM result; a None is a miss that tinygrad then compiles or searches
     def program_get(table, key):
       val = orig_device_get(table, key)
+      c.progress = time.monotonic()
       if os.getpid() == pid:
         c._in_parent += 1
         if val is None: c._miss("compiling")
@@ -161,6 +173,7 @@ class Counter:
       return val
     def beam_get(table, key):
       val = orig_search_get(table, key)
+      c.progress = time.monotonic()
       if table == "beam_search" and os.getpid() == pid:
         if val is None: c._miss("BEAM-searching")
         else: c.hits += 1
@@ -169,13 +182,18 @@ class Counter:
       n0, rows0, compiled0 = len(realize.to_program_cache), c._rows(), c.compiled
       c._in_parent = 0
       out = orig_lower(linear)
+      c.progress = time.monotonic()
       if (in_pool := len(realize.to_program_cache) - n0 - c._in_parent) > 0:
         missed = min(in_pool, max(0, c._rows() - rows0 - (c.compiled - compiled0)))
         c.hits += in_pool - missed
         if missed: c._miss("compiling", missed)
       return out
+    def time_program(*args, **kwargs):  # beam_search times each candidate through this module global
+      c.progress = time.monotonic()
+      return orig_time(*args, **kwargs)
     self._in_parent = 0
     device.diskcache_get, search.diskcache_get, realize.lower_and_compile = program_get, beam_get, lower_and_compile
+    search._time_program = time_program
 
   def _rows(self) -> int:
     """Inserts into the compile tables so far: the sum of their max(rowid), an index lookup each."""
@@ -187,3 +205,26 @@ class Counter:
     except Exception: return 0  # counting must never break compiling
 
 COUNTER = Counter()
+
+# ---------------------------------------------------------------- BEAM search settings
+
+# tinygrad's BEAM knobs (pkgs/tinygrad patches 0007-0011) as prewarm and serve set them, each only where the
+# environment does not. PROVISIONAL: the numbers are first guesses, not yet measured on a GPU; a prewarm with
+# BEAM_LEDGER=path.jsonl writes, per searched kernel, what the search cost and what it gained over the
+# heuristic, from which docs/PERF.md is to set them (BEAM_MIN_US especially: it depends on the GPU).
+SEARCH_DEFAULTS = {
+  "BEAM_MP_CTX": "forkserver",  # workers fork from a fresh single-threaded server: no lock of ours inherited (issue 25's hang), no re-import
+  "BEAM_FROM_HEURISTIC": "1",   # the hand-coded opts (patch 0003) are timed first and start the search: never ends slower than them
+  "BEAM_MIN_US": "10",          # a kernel under 10 us with the heuristic's opts is not searched (norms, element-wise, small reductions)
+  "BEAM_MAX_ROUNDS": "3",       # rounds of the search per kernel (each adds one opt to the beam's members)
+  "BEAM_TIME_LIMIT": "20",      # seconds per kernel; the best so far is kept
+  "BEAM_RETIME": "3",           # the 3 best and the heuristic timed again 10 times on the full grid, caches cleared: a steadier pick
+}
+
+def search_defaults() -> dict[str, str]:
+  """Puts SEARCH_DEFAULTS into os.environ where unset and returns those it set. Call it before tinygrad's first
+  BEAM search or worker pool: tinygrad reads each of these once (its getenv is cached), and BEAM workers
+  inherit the environment."""
+  added = {k: v for k, v in SEARCH_DEFAULTS.items() if k not in os.environ}
+  os.environ.update(added)
+  return added

@@ -5,15 +5,16 @@ writes every tensor's planes to one flat file next to the kernel cache, with a J
 the model file's size, mtime and header hash and FORMAT; a later load maps the file and uploads
 the planes as they are."""
 from __future__ import annotations
-import hashlib, json, mmap, os, pathlib, tempfile, time
+import hashlib, json, mmap, pathlib, time
 import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as QT
-from tinygrad import Tensor, Device
+from tinygrad import Tensor
 from orin_llm.config import ModelConfig, config_from_gguf
 from orin_llm.gguf_file import GGUFFile
 from orin_llm.quant import QuantWeight, repack
 from orin_llm import hostmem, log
+from orin_llm.fileutil import AtomicFile, atomic_write
 
 UPLOAD_BATCH = 256 << 20
 FORMAT = 2  # bump when repack's output changes (2: fused weights stored stacked)
@@ -51,19 +52,18 @@ class PlanesCache:
   def begin(self):
     try:
       self.dir.mkdir(parents=True, exist_ok=True)
-      fd, self._tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-planes-")
-      os.chmod(self._tmp, 0o644)  # mkstemp makes it 0600; the database next to it is 0644 too
-      self._out, self._tensors = os.fdopen(fd, "wb"), {}
+      self._out, self._tensors = AtomicFile(self.bin), {}  # 0644, as the database next to it
     except OSError as e: log.info(f"planes cache: cannot write in {self.dir} ({e.strerror or e}): not caching")
 
   def put(self, name: str, planes: dict[str, np.ndarray]):
     if self._out is None: return
     try:
       ent = {}
+      out = self._out.file
       for k, v in planes.items():
-        pos = self._out.tell()
-        if pad := -pos % ALIGN: self._out.write(b"\0" * pad); pos += pad
-        self._out.write(np.ascontiguousarray(v).data)
+        pos = out.tell()
+        if pad := -pos % ALIGN: out.write(b"\0" * pad); pos += pad
+        out.write(np.ascontiguousarray(v).data)
         ent[k] = (pos, v.dtype.str, list(v.shape))
       self._tensors[name] = ent
     except OSError as e: self._fail(e)
@@ -71,12 +71,10 @@ class PlanesCache:
   def commit(self):
     if self._out is None: return
     try:
-      size = self._out.tell()
-      self._out.close(); self._out = None
-      os.replace(self._tmp, self.bin)
-      tmp = self.index.with_suffix(".json.tmp")
-      tmp.write_text(json.dumps({"ident": self.ident, "model": self.model, "bytes": size, "tensors": self._tensors}))
-      os.replace(tmp, self.index)
+      size = self._out.file.tell()
+      out, self._out = self._out, None
+      out.commit()
+      atomic_write(self.index, json.dumps({"ident": self.ident, "model": self.model, "bytes": size, "tensors": self._tensors}).encode())
       self._drop_stale()
       log.info(f"planes cache: wrote {self.bin} ({size / 2**20:.0f} MiB)")
     except OSError as e: self._fail(e)
@@ -92,9 +90,8 @@ class PlanesCache:
 
   def _fail(self, e: OSError):
     log.info(f"planes cache: writing {self.dir} failed ({e.strerror or e}): not caching")
-    if self._out is not None: self._out.close()
+    if self._out is not None: self._out.abort()
     self._out = None
-    pathlib.Path(self._tmp).unlink(missing_ok=True)
 
 def _stack(each: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
   """The planes of matrices of one type stacked by rows (planes are per row), in one hostmem staging buffer."""
@@ -150,5 +147,3 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, device: str, cache_dir=None, fus
 def open_model(path) -> tuple[GGUFFile, ModelConfig]:
   f = GGUFFile(path)
   return f, config_from_gguf(f)
-
-def default_device() -> str: return Device.DEFAULT

@@ -1,55 +1,13 @@
-"""`orin-llm prewarm`: runs every step the server will run, so that the kernel database chosen for
-this model and GPU (kernel_cache.py) holds their compiled programs and, with --beam, their BEAM
-search results. `warm_up` is also the server's warm-up before READY=1: one routine, so whatever
-the server compiles is what prewarm cached.
+"""`orin-llm prewarm`: runs every step the server will run (warmup.py, the server's own warm-up), so
+that the kernel database chosen for this model and GPU (kernel_cache.py) holds their compiled programs
+and, with --beam, their BEAM search results, and the captured steps are kept (step_cache.py).
 
-BEAM workers fork here by default (BEAM_MP_CTX=fork unless set): prewarm runs no threads of its own,
-so forking is safe, and spawned workers would each re-import tinygrad, which dominates a search on
-the Orin's CPU."""
+BEAM settings: kernel_cache.search_defaults() (forkserver workers, a search from the heuristic, bounded),
+each unless the environment sets it. Progress: search_progress.py."""
 from __future__ import annotations
-import os, time
-from orin_llm import log
-
-def warm_up_prompt(eng) -> list[int]:
-  """A prompt of two prefill chunks (the second partial), within the context."""
-  n = max(1, min(eng.chunk + eng.chunk // 2 + 1, eng.max_context - 8))
-  return [(7 + 31 * i) % eng.cfg.vocab_size for i in range(n)]
-
-def warm_up(eng, beat=lambda: None, progress: bool = False):
-  """Captures the compiled steps the server replays: prefill (more than one chunk, so the JIT sees
-  chunk_len and start_pos move) and decode, greedy and sampled, and the masked choices of constrained requests. The engine's JITs capture on their first
-  call, and a generation calls each step more than once, so one generation per variant captures and
-  replays both steps. beat() runs between generations (the server's heartbeat). BEAM searches at the
-  variables' midpoints, whatever the prompt."""
-  from orin_llm.sampling import Sampling
-  from orin_llm import kernel_cache
-  from orin_llm import step_cache
-  prompt = warm_up_prompt(eng)
-  steps = [(s, i) for s in (Sampling(), Sampling(1.0, 40, 0.9, 0)) for i in range(2)]  # the second: replays only
-  t0 = time.monotonic()
-  for k, (s, i) in enumerate(steps):
-    beat()
-    eng.cached = []  # from scratch each time: prefill runs all its chunks
-    try:
-      for _ in eng.generate(prompt, 4, s): pass
-    except Exception as e:  # steps loaded from a file that do not run here: captured anew, the file rewritten
-      if not getattr(eng, "steps_loaded", False): raise
-      step_cache.discard(eng, f"{type(e).__name__}: {e}")
-      eng.cached = []
-      for _ in eng.generate(prompt, 4, s): pass
-    if progress:
-      c = kernel_cache.COUNTER
-      log.info(f"prewarm: {k + 1}/{len(steps)} {'greedy' if s.greedy else 'sampled'} prefill+decode, "
-               f"{time.monotonic() - t0:.1f} s, kernels {c.hits} cached, {c.compiled} compiled, {c.searched} BEAM-searched")
-  # the masked choice steps of constrained requests (structured.py): a mask that allows everything, after the cached
-  # prompt, so that only the choice (and decode) run; a request with a JSON schema or forced tool call then compiles nothing
-  from orin_llm.structured import AllowAll
-  for s, _ in steps[::2]:
-    beat()
-    for _ in eng.generate(prompt, 3, s, constraint=AllowAll(eng.cfg.vocab_size)): pass
-  eng.cached = []
-  # a later start loads the captured steps rather than capturing them again (step_cache.py)
-  step_cache.try_save(eng)
+import argparse, os, time
+from orin_llm import log, settings
+from orin_llm.warmup import warm_up
 
 def add_parser(sub):
   p = sub.add_parser("prewarm", help="fill the kernel cache (compiled and BEAM-searched kernels) for a model on this GPU",
@@ -62,31 +20,31 @@ def add_parser(sub):
   p.add_argument("--cache", help="cache directory (default: $ORIN_LLM_CACHE_DIR, else ~/.cache/orin-llm)")
   p.add_argument("--context", type=int, default=None, help="context length, as the server's (default: min(model's, 4096))")
   p.add_argument("--shipped", help="prebuilt read-only cache (file or directory) copied in when the database is missing")
+  p.add_argument("--max-batch", type=int, default=None, help="slots, as the server's (default 4): the batched decode steps compiled")
+  p.add_argument("--speculative", choices=("off", "ngram"), default=None, help="as the server's: its verify steps compiled too")
   p.set_defaults(fn=cmd_prewarm)
 
 def cmd_prewarm(args):
-  from orin_llm.errors import OrinError
-  if args.config:  # the server's settings, where no flag gives them, applied to tinygrad as `serve` applies them
-    from orin_llm.server.config import from_toml
-    from orin_llm.server.cli import tinygrad_settings
-    cfg = from_toml(args.config)
-    tinygrad_settings(cfg)  # [beam] width (when set) and workers, hugepages
-    if args.model is None: args.model = cfg.model
-    if args.cache is None: args.cache = cfg.kernel_cache_directory
-    if args.context is None: args.context = cfg.context_length
-    if args.shipped is None: args.shipped = cfg.kernel_cache_shipped
-  if args.beam is not None:
-    if args.beam < 0: raise OrinError("--beam must be >= 0")
-    os.environ["BEAM"] = str(args.beam)
-  os.environ.setdefault("BEAM_MP_CTX", "fork")
-  from tinygrad import helpers
-  if args.beam is not None: helpers.BEAM.value = args.beam  # tinygrad may be imported already
-  from orin_llm.cli import model_path
-  from orin_llm.engine import Engine
+  from dataclasses import replace
+  from orin_llm.server import config
+  from orin_llm.appliance import load
   from orin_llm import kernel_cache
+  # the server's settings (its config file, else its defaults), the flags over them, applied as `serve` applies them
+  cfg = config.from_toml(args.config) if args.config else config.ServerConfig()
+  flags = {"model": args.model, "kernel_cache_directory": args.cache, "context_length": args.context,
+           "kernel_cache_shipped": args.shipped, "max_batch": args.max_batch, "speculative": args.speculative}
+  cfg = replace(cfg, **{k: v for k, v in flags.items() if v is not None})
+  config.apply(cfg)  # [beam] width (when set) and workers, hugepages, the cache directory
+  settings.apply(beam=args.beam, cache=cfg.kernel_cache_directory or True)
+  from orin_llm import search_progress
+  kernel_cache.search_defaults()  # forkserver workers and the search's bounds, before tinygrad's first search or worker pool
+  search_progress.install()
+  cfg = replace(cfg, model=str(settings.model_path(argparse.Namespace(model=cfg.model))))
   t0 = time.monotonic()
-  eng = Engine(model_path(args), max_context=args.context, cache=args.cache or True, shipped=args.shipped)
-  log.info(f"prewarm: BEAM {helpers.BEAM.value} ({os.environ['BEAM_MP_CTX']} workers), compiling the server's steps")
+  eng, _ = load(cfg)
+  log.info(f"prewarm: BEAM {settings.beam_width()} ({os.environ['BEAM_MP_CTX']} workers), compiling the server's steps "
+           f"({eng.max_batch} slot{'s' * (eng.max_batch > 1)}, chunks {', '.join(map(str, eng.chunks))}"
+           f"{', speculative' if eng.speculator else ''})")
   warm_up(eng, progress=True)
   c = kernel_cache.COUNTER
   log.info(f"prewarm: done in {time.monotonic() - t0:.1f} s: {c.hits} from the cache, {c.compiled} compiled, {c.searched} BEAM-searched")

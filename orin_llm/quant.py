@@ -150,7 +150,8 @@ def _per_group(p: Tensor, group: int) -> Tensor:
   """(..., n) one value per group -> (..., n*group), each value repeated over its group."""
   return p.unsqueeze(-1).expand(*p.shape, group).reshape(*p.shape[:-1], p.shape[-1] * group)
 
-# (bits of u, group size, zero point) of the types whose scale is one float16 per 32-element block
+# the types whose scale is one float16 per 32-element block -> the zero point subtracted from u
+# (None: Q4_1 and Q5_1 add a float16 min per block instead)
 _BLOCK32 = {QT.Q4_0: 8, QT.Q5_0: 16, QT.Q8_0: 128, QT.Q4_1: None, QT.Q5_1: None}
 
 def dequantize(planes: dict[str, Tensor], qtype: QT) -> Tensor:

@@ -28,36 +28,52 @@ def _hash(x: Tensor) -> Tensor:
   x = x ^ (x >> 15); x = x * 0x846CA68B
   return x ^ (x >> 16)
 
-def uniform(n: int, seed: Tensor, pos: int | UOp) -> Tensor:
-  """n floats in (0, 1) from (seed, pos): a pure function of its inputs."""
-  idx = Tensor.arange(n, dtype=dtypes.uint32)
-  key = seed.cast(dtypes.uint32) * 0x9E3779B9 + Tensor(pos).cast(dtypes.uint32) * 0x85EBCA6B
+def uniform(n: int, seed: Tensor, pos: Tensor) -> Tensor:
+  """(R, n) floats in (0, 1) from each row's (seed, pos), seed and pos (R, 1): a pure function of its inputs."""
+  idx = Tensor.arange(n, dtype=dtypes.uint32).reshape(1, n)
+  key = seed.cast(dtypes.uint32) * 0x9E3779B9 + pos.cast(dtypes.uint32) * 0x85EBCA6B
   bits = _hash(_hash(idx + key) + key)
   return ((bits >> 8).cast(dtypes.float32) + 0.5) * (1.0 / (1 << 24))
 
+def _rows(logits: Tensor) -> Tensor: return logits.reshape(1, -1) if logits.ndim == 1 else logits
+
 def masked(logits: Tensor, words: Tensor) -> Tensor:
-  """logits (V,) with every token not allowed by words set to -inf. words (ceil(V/32),) uint32: token i is allowed
-  iff bit i % 32 of word i // 32 is set (llguidance's bitmask, copied as is: no unpacking on the host)."""
-  bits = (words.reshape(-1, 1) >> Tensor.arange(32, dtype=dtypes.uint32).reshape(1, 32)) & 1
-  return (bits.reshape(-1)[:logits.shape[0]] != 0).where(logits, float("-inf"))
+  """logits (V,) or (R, V) with every token not allowed by words set to -inf. words (W,) or (R, W) uint32, W =
+  ceil(V/32): token i is allowed iff bit i % 32 of word i // 32 is set (llguidance's bitmask, copied as is: no
+  unpacking on the host)."""
+  logits, words = _rows(logits), words.reshape(-1, words.shape[-1])
+  bits = (words.unsqueeze(-1) >> Tensor.arange(32, dtype=dtypes.uint32).reshape(1, 1, 32)) & 1  # (R, W, 32)
+  return (bits.reshape(bits.shape[0], -1)[:, :logits.shape[-1]] != 0).where(logits, float("-inf"))
 
-def greedy(logits: Tensor) -> Tensor: return logits.argmax().cast(dtypes.int32).reshape(1)
+def greedy(logits: Tensor) -> Tensor:
+  """logits (V,) or (R, V) -> (R,) int32: each row's most likely token."""
+  return _rows(logits).argmax(-1).cast(dtypes.int32)
 
-def sample(logits: Tensor, params: Tensor, pos: int | UOp) -> Tensor:
-  """logits (V,) float32; params (4,) float32 = [temperature, top_k, top_p, seed] -> (1,) int32."""
-  V = logits.shape[0]
-  l = logits / params[0]
-  p = (l - l.max()).exp()
-  k = (params[1] > 0).where(params[1].minimum(V), V)
-  target = p.sum() * params[2]
-  lo_k, lo_p, width = Tensor(0.0), Tensor(0.0), 1.0
-  frac = (Tensor.arange(WAYS) + 1).float() * (1.0 / WAYS)
+def sample(logits: Tensor, params: Tensor, pos) -> Tensor:
+  """logits (V,) or (R, V) float32; params (4,) or (R, 4) float32 = [temperature, top_k, top_p, seed] per row; pos:
+  each row's position (an int, a bound variable, or an (R,) int tensor) -> (R,) int32. A row whose temperature is
+  at most 1e-6 (Sampling.as_list's floor for greedy) takes its most likely token, so one step serves a batch that
+  mixes greedy and sampled requests."""
+  logits = _rows(logits)
+  R, V = logits.shape
+  params = params.reshape(-1, 4)
+  if not isinstance(pos, Tensor): pos = Tensor(pos)
+  pos = pos.reshape(-1, 1)
+  temp, top_k, top_p, seed = (params[:, i:i + 1] for i in range(4))  # (R, 1) each
+  l = logits / temp
+  p = (l - l.max(-1, keepdim=True)).exp()
+  k = (top_k > 0).where(top_k.minimum(V), V)
+  target = p.sum(-1, keepdim=True) * top_p
+  lo_k, lo_p, width = Tensor.zeros(R, 1), Tensor.zeros(R, 1), 1.0
+  frac = ((Tensor.arange(WAYS) + 1).float() * (1.0 / WAYS)).reshape(1, WAYS)
+  pe = p.unsqueeze(1)  # (R, 1, V)
   for _ in range(ROUNDS):  # each round narrows both thresholds 32-fold
-    ck, cp = lo_k + frac * width, lo_p + frac * width  # (WAYS,) candidates
-    ok_k = ((p.unsqueeze(0) >= ck.unsqueeze(1)).sum(1) >= k)  # candidates that still keep >= k tokens
-    ok_p = ((p.unsqueeze(0) >= cp.unsqueeze(1)).where(p.unsqueeze(0), 0.0).sum(1) >= target)  # ... that keep >= top_p mass
+    ck, cp = (lo_k + frac * width).unsqueeze(-1), (lo_p + frac * width).unsqueeze(-1)  # (R, WAYS, 1) candidates
+    ok_k = (pe >= ck).sum(-1) >= k  # candidates that still keep >= k tokens
+    ok_p = (pe >= cp).where(pe, 0.0).sum(-1) >= target  # ... that keep >= top_p mass
     step = width / WAYS
-    lo_k, lo_p, width = lo_k + ok_k.sum().float() * step, lo_p + ok_p.sum().float() * step, step
-  t = lo_k.maximum((params[2] < 1.0).where(lo_p, 0.0))
-  gumbel = -(-uniform(V, params[3], pos).log()).log()
-  return (p >= t).where(l + gumbel, float("-inf")).argmax().cast(dtypes.int32).reshape(1)
+    lo_k, lo_p, width = lo_k + ok_k.sum(-1, keepdim=True).float() * step, lo_p + ok_p.sum(-1, keepdim=True).float() * step, step
+  t = lo_k.maximum((top_p < 1.0).where(lo_p, 0.0))
+  gumbel = -(-uniform(V, seed, pos).log()).log()
+  noisy = (temp > 1e-6).where(l + gumbel, l)  # greedy rows: no noise
+  return (p >= t).where(noisy, float("-inf")).argmax(-1).cast(dtypes.int32)

@@ -21,19 +21,20 @@ version and this package's source; a file of another key is never read, and one 
 is ignored (the engine captures as without it).
 """
 from __future__ import annotations
-import dataclasses, functools, hashlib, io, os, pathlib, pickle, sys, tempfile, time
+import dataclasses, functools, hashlib, io, os, pathlib, pickle, sys, time
+from orin_llm.fileutil import atomic_write
 from orin_llm import log
 
-FORMAT = 2  # 2: a scratch buffer is one UOp at load, however often the steps name it
+FORMAT = 3  # 2: a scratch buffer is one UOp at load, however often the steps name it; 3: steps by name (engine.Steps)
 
-def state_tensors(eng) -> dict[str, "Tensor"]:
+def state_tensors(eng) -> dict:
   """Name -> every realized Tensor the engine holds outside its steps: weights, KV caches, position and rope
   tables, token, parameter and logits buffers."""
   from tinygrad import Tensor
   from tinygrad.nn.state import get_state_dict
   # the engine's own Tensors only: walking all of vars(eng) walked the GGUF's vocabulary too (0.26 s a call)
   sd = get_state_dict({"model": eng.model, "weights": eng.weights,
-                       "engine": {k: v for k, v in vars(eng).items() if isinstance(v, Tensor)}})
+                       "state": {k: v for k, v in vars(eng.state).items() if isinstance(v, Tensor)}})
   from tinygrad.uop.ops import Ops
   return {k: t for k, t in sd.items() if t.uop.base.op is Ops.BUFFER}
 
@@ -46,17 +47,18 @@ def _source_hash() -> str:
 def path_for(eng) -> pathlib.Path | None:
   """The steps file next to the engine's kernel database, or None without one (no cache directory)."""
   if eng.kernel_db is None: return None
-  key = {"format": FORMAT, "db": eng.kernel_db.name, "context": eng.max_context, "chunk": eng.chunk, "device": eng.device,
+  from orin_llm.kernel_cache import model_shape
+  key = {"format": FORMAT, "db": eng.kernel_db.name, "model": model_shape(eng.cfg, eng.file.tensors), "context": eng.max_context, "chunks": eng.chunks, "slots": eng.max_batch, "device": eng.device,
          "python": sys.version_info[:2], "source": _source_hash()}
   h = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
   return eng.kernel_db.parent / f"steps-{h}.pkl"
 
 def scratch_bytes(eng) -> dict:
-  """(kind, greedy) -> bytes of device memory a captured step holds beside the engine's state: its scratch
+  """step name -> bytes of device memory a captured step holds beside the engine's state: its scratch
   (the JIT's memory planner puts it in one arena per step)."""
   from tinygrad.uop.ops import Ops, buffers
   state, out = set(_buffer_uops(eng)), {}
-  for key, j in eng._jits.items():
+  for key, j in eng.steps.jits.items():
     if j.captured is None: continue
     bases = {id(b.base): b.base.nbytes for u in j.captured.linear.toposort()
              if u.op is Ops.BUFFER and u.arg.device is not None and u not in state and (b := buffers.get(u)) is not None}
@@ -91,21 +93,14 @@ class _Pickler(pickle.Pickler):
 
 def save(eng, path: str | os.PathLike) -> int:
   """Writes the engine's captured steps to path (atomically); returns the file's size."""
-  jits = {k: j for k, j in eng._jits.items() if j.captured is not None}
+  jits = {k: j for k, j in eng.steps.jits.items() if j.captured is not None}
   written = set()
   for j in jits.values():
     for u in j.captured._written_uops: written.add(u)
   path = pathlib.Path(path)
   buf = io.BytesIO()
   _Pickler(buf, _buffer_uops(eng), written).dump({"format": FORMAT, "jits": jits})
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-steps-")
-  try:
-    with os.fdopen(fd, "wb") as f: f.write(buf.getbuffer())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-  except BaseException:
-    pathlib.Path(tmp).unlink(missing_ok=True)
-    raise
+  atomic_write(path, buf.getbuffer())
   return buf.tell()
 
 # ------------------------------------------------------------------ reading
@@ -134,7 +129,7 @@ class _Unpickler(pickle.Unpickler):
     return fresh
 
 def load(eng, path: str | os.PathLike) -> dict:
-  """The captured steps in path, bound to this engine's buffers: {(kind, greedy): TinyJit}."""
+  """The captured steps in path, bound to this engine's buffers: {step name: TinyJit}."""
   state = _buffer_uops(eng)
   with open(path, "rb") as f: data = _Unpickler(f, {n: u for u, n in state.items()}).load()
   if data.get("format") != FORMAT: raise ValueError(f"format {data.get('format')}, expected {FORMAT}")
@@ -153,13 +148,13 @@ def try_load(eng) -> pathlib.Path | None:
   except Exception as e:
     log.info(f"captured steps: cannot use {path} ({type(e).__name__}: {e}); capturing them anew")
     return None
-  eng._jits.update(jits)
+  eng.steps.jits.update(jits)
   log.info(f"captured steps: {len(jits)} loaded from {path} in {time.monotonic() - t0:.1f} s")
   return path
 
 def try_save(eng) -> pathlib.Path | None:
   """Writes the engine's captured steps to its steps file, unless it has none or the file exists."""
-  if (path := path_for(eng)) is None or path.exists() or not any(j.captured is not None for j in eng._jits.values()): return None
+  if (path := path_for(eng)) is None or path.exists() or not any(j.captured is not None for j in eng.steps.jits.values()): return None
   t0 = time.monotonic()
   try:
     size = save(eng, path)
@@ -168,7 +163,7 @@ def try_save(eng) -> pathlib.Path | None:
     log.info(f"captured steps: not kept ({type(e).__name__}: {e})")
     return None
   eng.steps_file = path
-  log.info(f"captured steps: {len(eng._jits)} kept in {path} ({size / 2**20:.1f} MiB, {time.monotonic() - t0:.1f} s; "
+  log.info(f"captured steps: {len(eng.steps.jits)} kept in {path} ({size / 2**20:.1f} MiB, {time.monotonic() - t0:.1f} s; "
            f"their scratch on the device: {scratch / 2**20:.0f} MiB)")
   return path
 
@@ -176,5 +171,5 @@ def discard(eng, why: str):
   """Forgets loaded steps that failed to run: the engine captures its steps anew, and the file is rewritten."""
   log.info(f"captured steps: {eng.steps_file} failed ({why}); capturing them anew")
   if eng.steps_file is not None: pathlib.Path(eng.steps_file).unlink(missing_ok=True)
-  eng._jits.clear()
+  eng.steps.jits.clear()
   eng.steps_file, eng.steps_loaded = None, False

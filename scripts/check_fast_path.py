@@ -6,7 +6,6 @@ then greedy tokens of the compiled decode loop against the plain path's.
   check_fast_path.py MODEL [--positions N] [--tokens N]"""
 import argparse
 import numpy as np
-from tinygrad import Tensor
 from tinygrad.helpers import Context
 from orin_llm.engine import Engine
 from orin_llm.quant import QuantWeight
@@ -20,21 +19,23 @@ eng = Engine(a.model, max_context=704)  # the bench's context: same kernels, so 
 prompt = rng.integers(0, eng.cfg.vocab_size, 40).tolist()
 fast_tokens = list(eng.generate(prompt, a.tokens, Sampling()))  # compiled prefill + decode steps
 fast_logits = []
-eng.cached = []
+eng.reset()
 with Context(BEAM=0): eng.forward(prompt[:30], 0)
-for p in range(30, 30 + a.positions):  # the compiled decode step's kernels, run at several positions
-  eng.tok_buf[p:p + 1].assign(Tensor([prompt[p]], dtype="int32")).realize()
-  fast_logits.append(eng.model(eng.tok_buf[eng.v_pos.bind(p):eng.v_pos.bind(p) + 1], eng.v_pos.bind(p)).numpy())
+for p in range(30, 30 + a.positions):  # the compiled decode step, run at several positions
+  eng.slots[0].next = prompt[p]
+  eng.decode([0], 1)
+  fast_logits.append(eng.state.logits[0].numpy())
 dense = {}
 def plain_call(self, x):  # float32 weights, dequantized once
   if id(self) not in dense: dense[id(self)] = self.weights().contiguous().realize()
   return x @ dense[id(self)].T
 QuantWeight.__call__ = plain_call
-eng.cached = []
+eng.reset()
 with Context(BEAM=0):
   eng.forward(prompt[:30], 0)
   errs = [float(np.linalg.norm(f - (r := eng.forward([prompt[p]], p))) / np.linalg.norm(r)) for p, f in zip(range(30, 30 + a.positions), fast_logits)]
-  eng.cached, plain_tokens, logits = [], [], eng.forward(prompt, 0)
+  eng.reset()
+  plain_tokens, logits = [], eng.forward(prompt, 0)
   for i in range(a.tokens):
     plain_tokens.append(int(np.argmax(logits)))
     logits = eng.forward([plain_tokens[-1]], len(prompt) + i)

@@ -11,7 +11,7 @@ data = json.loads((pathlib.Path(__file__).resolve().parent.parent / "tests" / "d
 eng = Engine(sys.argv[1], max_context=max(len(c["prompt"]) + data["n_new"] for c in data["cases"]) + 8)
 ok = True
 for case in data["cases"]:
-  eng.cached = []
+  eng.reset()
   got, want = list(eng.generate(case["prompt"], data["n_new"], Sampling())), case["greedy_f32"][:data["n_new"]]
   agree = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
   ok &= agree == len(want)

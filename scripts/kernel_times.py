@@ -1,5 +1,5 @@
 """Per-kernel times of a function's kernels, each synchronized and timed alone (tinygrad's DEBUG=2 lines):
-shared by scripts/profile_decode.py and scripts/prefill_experiment.py."""
+used by scripts/profile_decode.py."""
 import contextlib, io, re
 from collections import defaultdict
 from tinygrad.helpers import Context

@@ -12,6 +12,6 @@ ap.add_argument("--pos", type=int, default=100); ap.add_argument("--top", type=i
 a = ap.parse_args()
 eng = Engine(a.model, max_context=a.context)
 with Context(BEAM=0): eng.forward(list(range(1, a.pos + 1)), 0)  # fill the cache; these concrete shapes need no search
-step = lambda: eng._step(eng.v_pos.bind(a.pos - 1), 1, True).realize()  # the same kernels as the compiled step
+step = lambda: eng.profile_step().realize()  # the same kernels as the compiled step
 step()  # compile everything once
 print_table(kernel_times(step), "one decode step", a.top)

@@ -7,7 +7,7 @@ extra (systemd-python) is added where pkg-config finds libsystemd.
 Idempotent: a stamp in .venv records the tinygrad source hash and the patch series; the build
 is redone only when either changes. Usage: python3 scripts/setup_venv.py [--dev]
 """
-import hashlib, pathlib, shutil, subprocess, sys, tarfile, tempfile, venv
+import hashlib, os, pathlib, shutil, subprocess, sys, tarfile, tempfile, venv
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 VENV, CACHE = ROOT / ".venv", ROOT / ".cache"
@@ -19,7 +19,8 @@ def pinned() -> tuple[str, str]:
 
 def run(*cmd, **kw):
   print("+", " ".join(map(str, cmd)), file=sys.stderr, flush=True)
-  subprocess.run(list(map(str, cmd)), check=True, **kw)
+  if (r := subprocess.run(list(map(str, cmd)), **kw)).returncode != 0:  # its own output above says why: no traceback under it
+    sys.exit(f"setup: `{' '.join(map(str, cmd[:4]))} ...` failed (exit status {r.returncode})")
 
 def fetch_sdist(version: str, sha256: str) -> pathlib.Path:
   sdist = CACHE / f"tinygrad-{version}.tar.gz"
@@ -37,11 +38,16 @@ def series_digest(version: str, sha256: str) -> str:
 
 def main():
   dev = "--dev" in sys.argv
+  if shutil.which(os.environ.get("CC") or "clang") is None:  # not needed on a GPU, so a note, not an error
+    print("setup: note: clang is not installed: tinygrad's CPU backend (no GPU, and `make test`) compiles its kernels with it "
+          "(Debian/Ubuntu: apt-get install clang)", file=sys.stderr)
   version, sha256 = pinned()
   py = VENV / "bin" / "python"
   if not py.exists(): venv.EnvBuilder(with_pip=True).create(VENV)
   stamp, digest = VENV / "orin_llm_tinygrad.stamp", series_digest(version, sha256)
   if not stamp.exists() or stamp.read_text() != digest:
+    if shutil.which("patch") is None:  # apply-patches.sh applies the tinygrad patch series with it
+      sys.exit("setup: patch is not installed: install it (Debian/Ubuntu: apt-get install patch); it applies the tinygrad patches")
     sdist = fetch_sdist(version, sha256)
     with tempfile.TemporaryDirectory() as tmp:
       with tarfile.open(sdist) as tf: tf.extractall(tmp, filter="data")

@@ -2,7 +2,6 @@
 allow-all mask (no grammar), and a JSON schema, over the same positions; then the host time of each phase of the
 constrained loop. python3 scripts/structured_overhead.py MODEL [SCHEMA] [TOKENS]"""
 import json, sys, time
-import numpy as np
 from orin_llm.engine import Engine
 from orin_llm.sampling import Sampling
 from orin_llm.structured import AllowAll, Grammars, json_grammar
@@ -18,7 +17,7 @@ grammar = json_grammar(schema)
 prompt = tok.encode("Answer in JSON: " + json.dumps(schema))
 
 def rate(constraint=None, lookahead=8, max_new=n):
-  eng.cached = []
+  eng.reset()
   stamps = [time.perf_counter() for _ in eng.generate(prompt, max_new, Sampling(), (), lookahead=lookahead, constraint=constraint)]
   return (len(stamps) - 1) / (stamps[-1] - stamps[0]), len(stamps)
 
@@ -26,17 +25,14 @@ for _ in range(2): rate(); rate(lookahead=1); rate(AllowAll(eng.cfg.vocab_size))
 k = rate(g.constraint(grammar))[1]  # the schema's answer length: the others run as many tokens
 res = {"tokens": k, "free_la8": rate(max_new=k)[0], "free_la1": rate(lookahead=1, max_new=k)[0],
        "allow_all": rate(AllowAll(eng.cfg.vocab_size), max_new=k)[0], "schema": rate(g.constraint(grammar))[0]}
-# phases of the constrained loop: host time inside each call (a read waits for the device)
-phases = {}
+phases = {}  # host time inside each call of the constrained loop (decode's includes reading the token: it waits)
 def timed(name, fn):
   def f(*a, **kw):
     t = time.perf_counter(); r = fn(*a, **kw); phases[name] = phases.get(name, 0.0) + time.perf_counter() - t; return r
   return f
-eng._read_token, eng._set_mask = timed("read (waits for the device)", eng._read_token), timed("mask upload", eng._set_mask)
-if (pipe := eng._token_pipe()) is not None:  # CUDA: the pipelined loop's copies and its wait for the token
-  pipe.upload, pipe.fetch, pipe.wait = timed("mask upload", pipe.upload), timed("queue token copy", pipe.fetch), timed("wait for the token", pipe.wait)
-eng._jits[("decode", None)] = timed("queue decode", eng._jits[("decode", None)])
-eng._jits[("choose_masked", True)] = timed("queue masked choice", eng._jits[("choose_masked", True)])
+eng.set_mask = timed("mask upload", eng.set_mask)
+decode = eng.decode
+eng.decode = timed("decode (queue, mask, choice, wait, read)", decode)
 c = g.constraint(grammar)
 c.mask_words, c.advance = timed("grammar: mask", c.mask_words), timed("grammar: advance", c.advance)
 r, k2 = rate(c)

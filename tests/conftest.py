@@ -1,4 +1,4 @@
-import os, pathlib, sys
+import os, pathlib, zlib
 import numpy as np
 import pytest
 
@@ -11,9 +11,21 @@ SHARED = ROOT.parent / "shared" / "data"
 LLAMA_VOCAB = SHARED / "ggml-vocab-llama-bpe.gguf"
 QWEN_VOCAB = SHARED / "ggml-vocab-qwen2.gguf"
 
+# Fresh random models and inputs every run, all drawn from one seed: $ORIN_TEST_SEED, else a new one. It is printed in
+# pytest's header and summary and by every test that draws; ORIN_TEST_SEED=<it> replays the run, any of its tests alone included
+# (each draw's seed comes from the run's and the draw's name, not from the order of the draws).
+SEED = int(os.environ.get("ORIN_TEST_SEED") or np.random.SeedSequence().entropy % (1 << 32))
+
+def pytest_report_header(config): return f"ORIN_TEST_SEED={SEED} (random models and inputs; set it to replay this run)"
+def pytest_terminal_summary(terminalreporter):  # also under -q, which leaves out the header
+  terminalreporter.write_line(f"ORIN_TEST_SEED={SEED} (random models and inputs; set it to replay this run)")
+
+def seed_for(what: str) -> int:
+  """The seed of one draw (a synthetic model, a test's inputs), from the run's seed and the draw's name."""
+  print(f"{what}: ORIN_TEST_SEED={SEED}")
+  return int(np.random.SeedSequence([SEED, zlib.crc32(what.encode())]).generate_state(1)[0])
+
 @pytest.fixture
 def rng(request):
-  """Fresh random inputs every run; the seed is printed so that a failure can be replayed."""
-  seed = int(os.environ.get("ORIN_TEST_SEED", np.random.SeedSequence().entropy % (1 << 32)))
-  print(f"{request.node.name}: ORIN_TEST_SEED={seed}")
-  return np.random.default_rng(seed)
+  """A test's random inputs (seed_for its id)."""
+  return np.random.default_rng(seed_for(request.node.nodeid))

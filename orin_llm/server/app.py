@@ -149,7 +149,9 @@ def _generation(srv: Server, eng, body: dict, prompt: list[int], param: str, cha
   opts = _field(body, "stream_options", dict, {})
   usage = _field(opts, "include_usage", bool, False) if opts else False
   if opts and not stream: raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")
-  return {"max_new": max_new, "sampling": Sampling(temperature, top_k, top_p, seed), "stop": stop, "stream": stream, "usage": usage}
+  speculative = _field(body, "speculative", bool, True)  # an extension: false keeps this request off speculative decoding
+  return {"max_new": max_new, "sampling": Sampling(temperature, top_k, top_p, seed), "stop": stop, "stream": stream, "usage": usage,
+          "speculative": speculative}
 
 def _messages(body: dict) -> list[dict]:
   msgs = body.get("messages")
@@ -290,7 +292,8 @@ def _tool_choice(text: str, finish: str, fmt) -> dict:
 # ---------------------------------------------------------------------- generation
 async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, chat: bool, tools=None) -> web.StreamResponse:
   """tools: the structured.ToolFormat whose calls the answer may hold (chat with tools), None for plain text."""
-  job = Job(prompt, g["max_new"], g["sampling"], g["stop"], asyncio.get_running_loop(), constraint=g.get("constraint"))
+  job = Job(prompt, g["max_new"], g["sampling"], g["stop"], asyncio.get_running_loop(), speculative=g["speculative"],
+            constraint=g.get("constraint"))
   try: srv.worker.submit(job)
   except QueueFull as e:
     raise APIError(429, f"the request queue is full ({srv.worker.queue_size} waiting); try again later", "rate_limit_error",

@@ -2,7 +2,7 @@
 while the model loads), the engine thread loads and warms up, READY=1 follows; SIGTERM stops
 accepting connections, lets running requests finish for up to STOP_GRACE seconds, exits 0."""
 from __future__ import annotations
-import argparse, asyncio, logging, os, pathlib, signal
+import argparse, asyncio, logging, os, signal
 from orin_llm.errors import OrinError
 
 STOP_GRACE = 30.0
@@ -17,32 +17,30 @@ def add_parser(sub):
   p.add_argument("--port", type=int, help="TCP port (default 8080)")
   p.add_argument("--context", type=int, help="context length to allocate (default: min(model's, 4096))")
   p.add_argument("--api-key-file", help="file holding the API key clients must send as 'Authorization: Bearer <key>'")
-  p.add_argument("--queue-size", type=int, help="requests that may wait for the engine; more get 429 (default 16)")
+  p.add_argument("--queue-size", type=int, help="requests that may wait for a slot; more get 429 (default 16)")
+  p.add_argument("--max-batch", type=int, help="requests generating at once, each in a KV-cache slot of its own (default 4)")
   p.set_defaults(fn=cmd_serve)
 
-def tinygrad_settings(cfg):
-  """[beam] as tinygrad's variables: in the environment for BEAM worker processes and the first
-  import, and in the ContextVars in case tinygrad is imported already. [kernel_cache] directory is
-  checked here; the engine chooses the database in it (kernel_cache.py) and sets CACHEDB."""
-  env = {}
-  if cfg.beam_width: env["BEAM"] = str(cfg.beam_width)
-  if cfg.beam_workers: env["PARALLEL"] = str(cfg.beam_workers)
-  if cfg.kernel_cache_directory:
-    d = pathlib.Path(cfg.kernel_cache_directory)
-    try: d.mkdir(parents=True, exist_ok=True)
-    except OSError as e: raise OrinError(f"kernel_cache.directory: cannot create {d}: {e.strerror or e}") from None
-  if cfg.hugepages is not None: env["ORIN_LLM_HUGEPAGES"] = cfg.hugepages  # hostmem reads it at each allocation
-  os.environ.update(env)
-  if env:
-    from tinygrad import helpers
-    if "BEAM" in env: helpers.BEAM.value = cfg.beam_width
-    if "PARALLEL" in env: helpers.PARALLEL.value = cfg.beam_workers
+def spawn_beam_workers():
+  """serve never forks BEAM workers from itself: it runs threads (the event loop's, the engine's) and CUDA, where a
+  forked worker can deadlock (patch 0001). Its workers come from a fork server (patch 0007: a fresh single-threaded
+  process that imported tinygrad once), or are spawned where the environment asks for spawn."""
+  from orin_llm import kernel_cache
+  kernel_cache.search_defaults()  # BEAM workers, search bounds: before tinygrad's first search or worker pool
+  if (ctx := os.environ.get("BEAM_MP_CTX")) not in ("spawn", "forkserver"):
+    logger.warning("BEAM_MP_CTX=%s ignored: serve starts BEAM workers from a fork server (fork can deadlock a process with threads and CUDA)", ctx)
+    os.environ["BEAM_MP_CTX"] = "forkserver"
+
+def engine_alive(worker, max_age: float) -> bool:
+  """The engine thread beat within max_age, or it is compiling or BEAM-searching a kernel and that made
+  progress within max_age (kernel_cache.Counter.progressed): a search at request time is no hang."""
+  from orin_llm.kernel_cache import COUNTER
+  return worker.alive(max_age) or (worker.thread.is_alive() and COUNTER.progressed(max_age))
 
 def load_engine(cfg):
-  from orin_llm.engine import Engine
-  from orin_llm.tokenizer import Tokenizer
-  eng = Engine(cfg.model, max_context=cfg.context_length, cache=cfg.kernel_cache_directory or True, shipped=cfg.kernel_cache_shipped)
-  return eng, Tokenizer.from_metadata(eng.file.metadata)
+  """The engine and tokenizer of cfg's model, on the engine thread (which opens the device)."""
+  from orin_llm.appliance import load
+  return load(cfg)
 
 async def serve(cfg, stop: asyncio.Event | None = None, on_listening=None, load=load_engine):
   """Runs the server until SIGTERM/SIGINT (or `stop` is set). on_listening(addresses) is called once bound."""
@@ -75,7 +73,7 @@ async def serve(cfg, stop: asyncio.Event | None = None, on_listening=None, load=
     while True:
       if worker.state == "error": stop.set(); return
       # a wedged engine thread stops the pings, and systemd restarts the service
-      if interval and loop.time() - last >= interval and worker.alive(2 * interval):
+      if interval and loop.time() - last >= interval and engine_alive(worker, 2 * interval):
         systemd.notify("WATCHDOG=1"); last = loop.time()
       await asyncio.sleep(0.25)
   watcher = asyncio.create_task(watch())
@@ -97,8 +95,9 @@ async def serve(cfg, stop: asyncio.Event | None = None, on_listening=None, load=
 def cmd_serve(args: argparse.Namespace):
   from orin_llm.server import config, systemd
   cfg = config.resolve(args)
-  tinygrad_settings(cfg)
+  config.apply(cfg)
   systemd.log_to_journal(logging.getLogger("orin_llm"))
+  spawn_beam_workers()
   worker = asyncio.run(serve(cfg))
   if worker.thread.is_alive():  # stopped while the engine thread was still loading or compiling: it cannot be interrupted
     logging.shutdown()

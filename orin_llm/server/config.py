@@ -4,10 +4,11 @@ from __future__ import annotations
 import pathlib, tomllib
 from dataclasses import dataclass, replace
 from orin_llm.errors import OrinError
+from orin_llm import settings
 
 @dataclass(frozen=True)
 class ServerConfig:
-  model: str | None = None             # GGUF file; None: orin_llm.cli.default_model()
+  model: str | None = None             # GGUF file; None: orin_llm.settings.default_model()
   host: str = "127.0.0.1"
   port: int = 8080
   context_length: int | None = None    # None: min(model's, engine.DEFAULT_CONTEXT)
@@ -15,9 +16,12 @@ class ServerConfig:
   api_key_file: str | None = None      # the same, read from a file (systemd LoadCredential=)
   queue_size: int = 16                 # requests waiting behind the running one; more get 429
   max_tokens_default: int = 512        # max_tokens when a request gives none
+  max_batch: int = 4                   # KV-cache slots: requests generating at once (continuous batching)
+  speculative: str = "off"             # "ngram": a request generating alone checks proposed tokens several at a time
+  draft_model: str | None = None       # a small GGUF model of the same vocabulary that proposes tokens (speculative decoding)
   beam_width: int = 0                  # [beam] width: tinygrad BEAM search (0: off)
   beam_workers: int | None = None      # [beam] workers: processes of the search (None: tinygrad's default)
-  kernel_cache_directory: str | None = None  # [kernel_cache] directory: kernel databases and repacked planes (None: kernel_cache.cache_dir())
+  kernel_cache_directory: str | None = None  # [kernel_cache] directory: kernel databases and repacked planes (None: settings.cache_dir())
   kernel_cache_shipped: str | None = None    # [kernel_cache] shipped: read-only prebuilt database (file or directory), copied in when missing
   hugepages: str | None = None         # "auto" | "off": host staging buffers in huge pages (hostmem.py); None: $ORIN_LLM_HUGEPAGES, else auto
 
@@ -30,6 +34,9 @@ _KEYS = {
   "api_key": ("api_key", str, bool, "a non-empty string"), "api_key_file": ("api_key_file", str, bool, "a non-empty string"),
   "queue_size": ("queue_size", int, _positive, "a positive integer"),
   "max_tokens_default": ("max_tokens_default", int, _positive, "a positive integer"),
+  "max_batch": ("max_batch", int, lambda v: 1 <= v <= 64, "an integer in 1..64"),
+  "speculative": ("speculative", str, lambda v: v in ("off", "ngram"), '"off" or "ngram"'),
+  "draft_model": ("draft_model", str, bool, "a non-empty string"),
   "hugepages": ("hugepages", str, lambda v: v in ("auto", "off"), '"auto" or "off"'),
 }
 _TABLES = {
@@ -69,11 +76,11 @@ def resolve(args) -> ServerConfig:
   """The configuration of `orin-llm serve`: the file, then the flags, then checks that need the file system."""
   cfg = from_toml(args.config) if args.config else ServerConfig()
   flags = {"model": args.model, "host": args.host, "port": args.port, "context_length": args.context,
-           "api_key_file": args.api_key_file, "queue_size": args.queue_size}
+           "api_key_file": args.api_key_file, "queue_size": args.queue_size, "max_batch": getattr(args, "max_batch", None)}
   where = "command line"
   for k, v in flags.items():
     if v is None: continue
-    flag = {"context_length": "--context", "api_key_file": "--api-key-file", "queue_size": "--queue-size"}.get(k, f"--{k}")
+    flag = {"context_length": "--context", "api_key_file": "--api-key-file", "queue_size": "--queue-size", "max_batch": "--max-batch"}.get(k, f"--{k}")
     spec = _KEYS[k]
     _check(where, flag, v, spec)
     cfg = replace(cfg, **{k: v})
@@ -84,9 +91,13 @@ def resolve(args) -> ServerConfig:
     except OSError as e: raise OrinError(f"api_key_file: cannot read {cfg.api_key_file}: {e.strerror or e}") from None
     if not key: raise OrinError(f"api_key_file: {cfg.api_key_file} is empty")
     cfg = replace(cfg, api_key=key)
-  if cfg.model is None:
-    from orin_llm.cli import default_model
-    cfg = replace(cfg, model=str(default_model()))
+  if cfg.model is None: cfg = replace(cfg, model=str(settings.default_model()))
   if not pathlib.Path(cfg.model).is_file(): raise OrinError(f"model: {cfg.model}: model file not found")
+  if cfg.draft_model and not pathlib.Path(cfg.draft_model).is_file(): raise OrinError(f"draft_model: {cfg.draft_model}: model file not found")
   return cfg
 
+def apply(cfg: ServerConfig):
+  """The config's process settings (settings.py), as `serve` and `prewarm --config` apply them: [beam]
+  width (0 leaves $BEAM) and workers, host huge pages, the [kernel_cache] directory (created here)."""
+  settings.apply(beam=cfg.beam_width or None, workers=cfg.beam_workers, hugepages=cfg.hugepages,
+                 cache=cfg.kernel_cache_directory)

@@ -26,8 +26,6 @@ def notify(state: str) -> bool:
   if _daemon is not None: return bool(_daemon.notify(state))
   return _fallback_notify(state)
 
-def status(text: str): notify("STATUS=" + text.replace("\n", " "))
-
 def watchdog_interval() -> float | None:
   """Seconds between WATCHDOG=1 pings (half of WATCHDOG_USEC), or None when the watchdog is off or meant for another process."""
   usec, pid = os.environ.get("WATCHDOG_USEC"), os.environ.get("WATCHDOG_PID")

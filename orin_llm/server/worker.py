@@ -1,7 +1,10 @@
-"""The engine thread. The engine is not thread-safe, so one thread loads it, warms it up and runs
-every generation, taking jobs in arrival order from a bounded queue. Results go back to the
-request's asyncio task through its event loop. Between tokens the thread checks the job's cancel
-flag (set when the client goes away), so a dropped client frees the engine after one step."""
+"""The engine thread. The engine is not thread-safe, so one thread loads it, warms it up and runs every
+generation. It schedules continuously, as llama.cpp's server does with its slots: waiting jobs (in arrival order,
+from a bounded queue) take free KV-cache slots (the one holding the longest prefix of their prompt), and each tick
+of the loop runs one prefill chunk of a joining job and then one batched decode round (a few steps queued back to
+back) for every slot that is generating. A finished or cancelled job leaves its slot at once; the cancel flag (set
+when the client goes away) is checked between prefill chunks and between decode rounds. Results go back to the
+request's asyncio task through its event loop."""
 from __future__ import annotations
 import asyncio, logging, queue, threading, time
 from dataclasses import dataclass, field
@@ -41,10 +44,11 @@ class Job:
   events: asyncio.Queue = field(default_factory=asyncio.Queue)
   cancelled: threading.Event = field(default_factory=threading.Event)
   arrived: float = field(default_factory=time.monotonic)
+  speculative: bool = True  # may run speculative decoding when the server has it on and the job generates alone
+  constraint: object = None  # structured.Constraint: the grammar the output follows (the engine masks its choices)
   worker: Worker | None = None
-  constraint: object = None  # structured.Constraint: the grammar the output follows (Engine.generate's hook)
   def cancel(self):
-    """Stops the job between two tokens, or keeps it from starting; a no-op once it is done."""
+    """Stops the job between two steps, or keeps it from starting; a no-op once it is done."""
     self.cancelled.set()
     if self.worker is not None: self.worker._unqueue(self)
   def emit(self, *event):
@@ -54,16 +58,142 @@ class Job:
 class QueueFull(Exception):
   def __init__(self, retry_after: int): self.retry_after = retry_after
 
+@dataclass(eq=False)
+class Run:
+  """A job in a slot: its prefill (chunks left to run) or its decoding."""
+  job: Job
+  slot: int
+  text: StopText
+  prefill: object = None  # the engine's prefill_chunks iterator while chunks are left
+  n: int = 0  # tokens produced
+  first: float | None = None
+  started: float = field(default_factory=time.monotonic)
+  spec: object = None  # its speculative.Speculator, made when it first generates alone
+  failed: Exception | None = None  # its constraint failed (the grammar allows nothing): the job fails, the others go on
+
+class Scheduler:
+  """Slots, the runs in them, and one tick of work (see the module's docstring)."""
+  def __init__(self, engine, tok, metrics: Metrics, lookahead: int):
+    self.eng, self.tok, self.m, self.lookahead = engine, tok, metrics, lookahead
+    self.spec_factory = getattr(engine, "speculator", None)  # makes a speculative.Speculator (None: the server does not speculate)
+    self.runs: dict[int, Run] = {}
+
+  def free_slots(self) -> list[int]: return [s for s in range(self.eng.max_batch) if s not in self.runs]
+  def busy(self) -> bool: return bool(self.runs)
+
+  def admit(self, job: Job):
+    """job takes the free slot that holds the longest prefix of its prompt (the lowest of equals)."""
+    slot = max(self.free_slots(), key=lambda s: (self.eng.common_prefix(s, job.prompt), -s))
+    job.emit("start")
+    r = self.runs[slot] = Run(job, slot, StopText(self.tok, job.stop))
+    if job.constraint is None: r.prefill = self.eng.prefill_chunks(slot, job.prompt, job.sampling)
+    else: r.prefill = self.eng.prefill_chunks(slot, job.prompt, job.sampling, mask=lambda: self._mask(r))
+    self.m.slots_active.set(len(self.runs))
+
+  def tick(self, waiting: bool):
+    """One prefill chunk (the oldest joining job's), then one decode round for every generating slot. waiting: jobs
+    wait for a slot, so the round is kept short and they join sooner."""
+    for r in list(self.runs.values()):
+      if r.job.cancelled.is_set(): self._finish(r, "cancelled")
+    joining = sorted((r for r in self.runs.values() if r.prefill is not None), key=lambda r: r.job.arrived)
+    if joining:  # one chunk; the last one also queues the choice of the first token
+      r = joining[0]
+      next(r.prefill, None)
+      if len(self.eng.slots[r.slot].cached) == len(r.job.prompt):
+        r.prefill = None
+        self._emit(r, [self.eng.first_token(r.slot)])
+    gen = [r for r in self.runs.values() if r.prefill is None]
+    if not gen: return
+    busy = waiting or any(r.prefill is not None for r in self.runs.values())
+    room = min(self.eng.max_context - 1 - len(self.eng.slots[r.slot].cached) for r in gen)
+    if len(gen) == 1 and self._speculate(gen[0], room, busy): return
+    n = max(1, min(2 if busy or (gen[0].spec is not None and len(gen) == 1) else self.lookahead,
+                   max(r.job.max_new - r.n for r in gen), room))
+    # constrained runs: a round of one token, whose masks the host computes while the model step runs
+    cons = [r for r in gen if r.job.constraint is not None]
+    if cons: n = 1
+    t0 = time.monotonic()
+    if cons: out = self.eng.decode([r.slot for r in gen], n, masks=lambda: {r.slot: self._mask(r) for r in cons})
+    else: out = self.eng.decode([r.slot for r in gen], n)
+    self.m.batch_rows.observe(len(gen))
+    for j, r in enumerate(gen): self._emit(r, out[:, j].tolist())
+    self.m.step_seconds.observe((time.monotonic() - t0) / n)
+    if len(gen) == 1 and gen[0].spec is not None: gen[0].spec.rested(n)
+
+  def _mask(self, r: Run):
+    """r's next bitmask; a constraint that fails fails its job alone (the row chooses freely, and is dropped)."""
+    try: return None if r.failed else r.job.constraint.mask_words()
+    except Exception as e:
+      r.failed = e
+      return None
+
+  def _speculate(self, r: Run, room: int, busy: bool) -> bool:
+    """A job generating alone: a verify step over proposals for its next tokens, when the server speculates, the
+    job allows it and proposals are found. Whether it ran."""
+    if self.spec_factory is None or not r.job.speculative or busy or r.job.constraint is not None: return False
+    if r.spec is None: r.spec = self.spec_factory()
+    s = self.eng.slots[r.slot]
+    k = min(r.spec.want(), room - 1, r.job.max_new - r.n - 1)
+    if k <= 0 or not (props := r.spec.source.propose(s.cached + [s.next], k)[:k]): return False
+    out = self.eng.verify(r.slot, props)
+    r.spec.update(len(props), len(out) - 1)
+    self.m.spec_proposed.inc(len(props)); self.m.spec_accepted.inc(len(out) - 1); self.m.spec_steps.inc()
+    self._emit(r, out)
+    return True
+
+  def _emit(self, r: Run, ids: list[int]):
+    """Hands tokens to the job until it ends (stop token or string, max_tokens, the context's end)."""
+    for tid in ids:
+      done = False
+      if r.job.constraint is not None:
+        try:
+          if r.failed: raise r.failed
+          done = r.job.constraint.advance(tid)
+        except Exception as e:
+          logger.warning(f"constrained decoding failed: {e}")
+          r.job.emit("error", f"generation failed: {e}")
+          return self._finish(r, "error", flush=False, emit=False)
+      r.n += 1
+      if r.first is None:
+        r.first = time.monotonic()
+        self.m.ttft.observe(r.first - r.job.arrived)
+      if tid in self.tok.stop_ids: return self._finish(r, "stop")
+      piece, hit = r.text.push(tid)
+      if piece: r.job.emit("text", piece)
+      if hit: return self._finish(r, "stop", flush=False)
+      if done: return self._finish(r, "stop")  # the grammar is complete
+      if r.n >= r.job.max_new or len(r.job.prompt) + r.n >= self.eng.max_context: return self._finish(r, "length")
+
+  def _finish(self, r: Run, finish: str, flush: bool = True, emit: bool = True):
+    if self.runs.get(r.slot) is not r: return
+    del self.runs[r.slot]
+    if r.job.constraint is not None: self.eng.set_mask(r.slot, None)
+    if flush and finish != "cancelled" and (piece := r.text.flush()): r.job.emit("text", piece)  # held back for a stop string
+    end, m = time.monotonic(), self.m
+    m.prompt_tokens.inc(len(r.job.prompt)); m.generated_tokens.inc(r.n)
+    if r.first is not None and r.n > 1 and end > r.first: m.decode_rate.observe((r.n - 1) / (end - r.first))
+    m.slots_active.set(len(self.runs))
+    if emit: r.job.emit("end", finish, {"prompt_tokens": len(r.job.prompt), "completion_tokens": r.n, "total_tokens": len(r.job.prompt) + r.n})
+
+  def fail(self, e: Exception):
+    """An engine failure fails the requests it was running, not the server; the slots start afresh."""
+    for r in list(self.runs.values()):
+      r.job.emit("error", f"generation failed: {type(e).__name__}: {e}")
+      del self.runs[r.slot]
+    self.eng.reset()  # the caches may be half-written
+    self.m.slots_active.set(0)
+
 class Worker:
   """States: loading -> warming -> ready (-> stopping), or error (failure holds the exception)."""
-  def __init__(self, load, queue_size: int, metrics: Metrics, on_status=lambda state, text: None):
+  def __init__(self, load, queue_size: int, metrics: Metrics, on_status=lambda state, text: None, lookahead: int | None = None):
     self._load, self.metrics, self.on_status = load, metrics, on_status
     # the queue is unbounded; the bound is on live waiting jobs, so that a job whose client left
     # gives its place back at once rather than when the thread gets to it
     self.queue: queue.Queue[Job | None] = queue.Queue()
     self.queue_size, self.waiting, self._lock = queue_size, set(), threading.Lock()
     self.state, self.failure = "loading", None
-    self.engine = self.tok = None
+    self.engine = self.tok = self.sched = None
+    self.lookahead = lookahead
     self.ready_counts: dict | None = None  # kernel cache counts at READY: /health reports what changed since
     self.heartbeat = time.monotonic()
     self.avg_seconds = 5.0  # running mean of a job's duration, for Retry-After
@@ -77,7 +207,7 @@ class Worker:
 
   def alive(self, max_age: float) -> bool:
     """The loop is running: the thread lives and, once serving, has beaten within max_age seconds
-    (it beats at least every half second when idle and at every token when busy)."""
+    (it beats at least every half second when idle and at every tick when busy)."""
     if not self.thread.is_alive(): return False
     return self.state in ("loading", "warming") or time.monotonic() - self.heartbeat < max_age
 
@@ -92,10 +222,12 @@ class Worker:
     return "" if k is None else f"; kernels: {k['hits']} from the cache, {k['compiled']} compiled, {k['searched']} BEAM-searched"
 
   def depth(self) -> int: return len(self.waiting)
+  def slots(self) -> int: return self.engine.max_batch if self.engine is not None else 1
 
   def submit(self, job: Job):
     with self._lock:
-      if len(self.waiting) >= self.queue_size: raise QueueFull(max(1, min(60, round(self.avg_seconds * (len(self.waiting) + 1)))))
+      if len(self.waiting) >= self.queue_size:
+        raise QueueFull(max(1, min(60, round(self.avg_seconds * (len(self.waiting) + 1) / self.slots()))))
       job.worker = self
       self.waiting.add(job)
       self.queue.put_nowait(job)
@@ -125,55 +257,31 @@ class Worker:
       self.failure, self.state = e, "error"
       self.on_status("error", f"failed: {e}")
       return
+    from orin_llm.engine import DEFAULT_LOOKAHEAD
+    self.sched = sched = Scheduler(self.engine, self.tok, self.metrics, self.lookahead or DEFAULT_LOOKAHEAD)
     while not self._stop.is_set():
       self.heartbeat = time.monotonic()
-      try: job = self.queue.get(timeout=0.5)
-      except queue.Empty: continue
-      if job is None: break
-      self._unqueue(job)
-      self._serve(job)
+      # jobs join while slots are free; an idle engine waits for the next one
+      while sched.free_slots():
+        try: job = self.queue.get(timeout=0.5) if not sched.busy() else self.queue.get_nowait()
+        except queue.Empty: break
+        if job is None: return
+        self._unqueue(job)
+        if job.cancelled.is_set(): continue  # its client left while it waited
+        sched.admit(job)
+      if not sched.busy(): continue
+      self.metrics.busy.set(1)
+      before = self.kernel_counts()
+      try: sched.tick(waiting=bool(self.waiting))
+      except Exception as e:
+        logger.exception("generation failed")
+        sched.fail(e)
+      finally:
+        if before is not None and (n := self.kernel_counts()["misses"] - before["misses"]):
+          logger.info(f"kernel cache: a step compiled or searched {n} kernels (not in {before['path']}; run orin-llm prewarm)")
+      if not sched.busy():
+        self.metrics.busy.set(0)
 
   def _warm_up(self):
-    from orin_llm.prewarm import warm_up  # the routine `orin-llm prewarm` fills the kernel cache with
+    from orin_llm.warmup import warm_up  # the routine `orin-llm prewarm` fills the kernel cache with
     warm_up(self.engine, beat=lambda: setattr(self, "heartbeat", time.monotonic()))
-
-  def _serve(self, job: Job):
-    if job.cancelled.is_set(): return  # its client left while it waited
-    before = self.kernel_counts()
-    try: self._generate(job)
-    finally:
-      if before is not None and (n := self.kernel_counts()["misses"] - before["misses"]):
-        logger.info(f"kernel cache: this request compiled or searched {n} kernels (not in {before['path']}; run orin-llm prewarm)")
-
-  def _generate(self, job: Job):
-    eng, tok, m = self.engine, self.tok, self.metrics
-    job.emit("start")
-    m.busy.set(1)
-    t0 = time.monotonic()
-    text, n, first, finish, hit = StopText(tok, job.stop), 0, None, "length", False
-    try:
-      for tid in eng.generate(job.prompt, job.max_new, job.sampling, tok.stop_ids, constraint=job.constraint):
-        self.heartbeat = time.monotonic()
-        n += 1
-        if first is None:
-          first = self.heartbeat
-          m.ttft.observe(first - job.arrived)
-        if tid in tok.stop_ids: finish = "stop"; break
-        piece, hit = text.push(tid)
-        if piece: job.emit("text", piece)
-        if hit: finish = "stop"; break
-        if job.cancelled.is_set(): finish = "cancelled"; break
-      if job.constraint is not None and job.constraint.done: finish = "stop"  # the grammar is complete
-      if not hit and (piece := text.flush()): job.emit("text", piece)  # text held back for a stop string that never came
-    except Exception as e:  # an engine failure fails this request, not the server
-      logger.exception("generation failed")
-      eng.cached = []  # the cache may be half-written: start the next prompt from scratch
-      job.emit("error", f"generation failed: {type(e).__name__}: {e}")
-      return
-    finally:
-      end = time.monotonic()
-      m.busy.set(0)
-      m.prompt_tokens.inc(len(job.prompt)); m.generated_tokens.inc(n)
-      if first is not None and n > 1 and end > first: m.decode_rate.observe((n - 1) / (end - first))
-      self.avg_seconds = 0.8 * self.avg_seconds + 0.2 * (end - t0)
-    job.emit("end", finish, {"prompt_tokens": len(job.prompt), "completion_tokens": n, "total_tokens": len(job.prompt) + n})

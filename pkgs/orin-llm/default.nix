@@ -1,20 +1,18 @@
 # orin-llm, the Python application, from the repository's pyproject.toml.
 #
-# With CUDA (the default where nixpkgs is configured with cudaSupport, as jetpack-nixos does),
-# the wrapper points tinygrad at the CUDA pieces it loads at run time: libcuda of the L4T driver
-# (in /run/opengl-driver/lib on jetpack-nixos), NVRTC and nvJitLink from cudaPackages, and the
-# CUDA headers NVRTC compiles against. Every variable is set with --set-default, so an
-# environment that sets it wins.
+# tinygrad (../tinygrad) carries the store paths of every library it loads (libcuda of the driver
+# in /run/opengl-driver/lib, NVRTC, nvJitLink, the CUDA headers, libc, clang), so the wrapper sets
+# only the device tinygrad uses by default, with --set-default so that an environment that sets
+# DEV wins.
 {
   lib,
   python3Packages,
-  addDriverRunpath,
   config,
   cudaSupport ? config.cudaSupport,
   cudaPackages ? { },
 }:
 let
-  tinygrad = python3Packages.callPackage ../tinygrad { };
+  tinygrad = python3Packages.callPackage ../tinygrad { inherit cudaSupport cudaPackages; };
 
   # Only the files the Python build needs: the store path (and the build) does not change when
   # Nix files, tests or docs do.
@@ -24,19 +22,6 @@ let
       ../../pyproject.toml
       ../../orin_llm
     ];
-  };
-
-  driverLib = "${addDriverRunpath.driverLink}/lib";
-
-  # Also exported as passthru.runtimeEnv for the NixOS module.
-  runtimeEnv = lib.optionalAttrs cudaSupport {
-    # tinygrad's DLL loader takes <NAME>_PATH as the library file to load.
-    CUDA_PATH = "${driverLib}/libcuda.so.1";
-    NVRTC_PATH = "${lib.getLib cudaPackages.cuda_nvrtc}/lib/libnvrtc.so";
-    NVJITLINK_PATH = "${lib.getLib cudaPackages.libnvjitlink}/lib/libnvJitLink.so";
-    # cuda_fp16.h, cuda_bf16.h for NVRTC (read through a pkgs/tinygrad patch; upstream derives
-    # the include directory from CUDA_PATH).
-    CUDA_INCLUDE_PATH = "${lib.getInclude cudaPackages.cuda_cudart}/include";
   };
 in
 python3Packages.buildPythonApplication {
@@ -62,28 +47,17 @@ python3Packages.buildPythonApplication {
   # nixpkgs versions gguf after llama.cpp builds on some revisions; the API orin_llm uses is old.
   pythonRelaxDeps = [ "gguf" ];
 
-  makeWrapperArgs =
-    [
-      "--set-default"
-      "DEV"
-      (if cudaSupport then "CUDA" else "CPU")
-    ]
-    ++ lib.concatLists (lib.mapAttrsToList (name: value: [ "--set-default" name value ]) runtimeEnv)
-    ++ lib.optionals cudaSupport [
-      # Fallback for anything that looks libcuda up by name.
-      "--suffix"
-      "LD_LIBRARY_PATH"
-      ":"
-      driverLib
-    ];
+  makeWrapperArgs = [
+    "--set-default"
+    "DEV"
+    (if cudaSupport then "CUDA" else "CPU")
+  ];
 
   # The test suite needs the model files and (for most of it) a GPU; `make test` runs it.
   doCheck = false;
   pythonImportsCheck = [ "orin_llm" ];
 
-  passthru = {
-    inherit tinygrad runtimeEnv;
-  };
+  passthru = { inherit tinygrad; };
 
   meta = {
     description = "LLM appliance for the Jetson AGX Orin: GGUF models on a patched tinygrad behind an OpenAI-compatible API";

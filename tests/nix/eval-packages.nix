@@ -1,6 +1,6 @@
 # Calls pkgs/tinygrad and pkgs/orin-llm with stand-ins for nixpkgs' builders (they return their
 # arguments), to check the Nix logic of the two derivations without nixpkgs: the pin read from
-# source.env, the patch script in postPatch, the wrapper's CUDA environment. Used by
+# source.env, the patch script and the store-path substitutions in postPatch, the wrapper. Used by
 # tests/test_nix.py (same flags as eval-module.nix).
 { lib }:
 let
@@ -10,6 +10,7 @@ let
     outPath = "/nix/store/00000000000000000000000000000000-${name}";
     lib = fakePackage "${name}-lib";
     include = fakePackage "${name}-include";
+    meta.mainProgram = name;
   };
   python3Packages = rec {
     buildPythonPackage = attrs: attrs;
@@ -23,7 +24,14 @@ let
       fn (builtins.intersectAttrs (builtins.functionArgs fn) (scope // overrides));
     scope = {
       inherit lib buildPythonPackage fetchPypi;
+      config = { };
       setuptools = fakePackage "setuptools";
+      stdenv.cc = {
+        libc = fakePackage "glibc";
+        cc = fakePackage "gcc";
+      };
+      addDriverRunpath.driverLink = "/run/opengl-driver";
+      llvmPackages.clang-unwrapped = fakePackage "clang";
     };
     setuptools = fakePackage "setuptools";
     numpy = fakePackage "numpy";
@@ -33,38 +41,42 @@ let
     aiohttp = fakePackage "aiohttp";
     prometheus-client = fakePackage "prometheus-client";
   };
-  cudaPackages = {
-    cuda_nvrtc = fakePackage "cuda_nvrtc";
-    libnvjitlink = fakePackage "libnvjitlink";
-    cuda_cudart = fakePackage "cuda_cudart";
-  };
+  cudaPackages = lib.genAttrs [
+    "cuda_nvrtc"
+    "libnvjitlink"
+    "cuda_cudart"
+    "cuda_cccl"
+  ] fakePackage;
   orinLlm =
     cudaSupport:
     import ../../pkgs/orin-llm {
-      inherit lib python3Packages cudaSupport cudaPackages;
-      addDriverRunpath.driverLink = "/run/opengl-driver";
+      inherit lib python3Packages cudaSupport;
+      cudaPackages = if cudaSupport then cudaPackages else { };
       config = { };
     };
-  tinygrad = python3Packages.callPackage ../../pkgs/tinygrad { };
+  tinygradOf =
+    cudaSupport:
+    let
+      tg = (orinLlm cudaSupport).passthru.tinygrad;
+    in
+    {
+      inherit (tg) pname version pythonImportsCheck;
+      inherit (tg.passthru) substitutions;
+      postPatch = if hasFileset then tg.postPatch else null;
+      src = { inherit (tg.src) pname version hash; };
+    };
   # lib.fileset (the packages' sources) needs Nix >= 2.14 (builtins.readFileType); older Nix, as
   # Debian's nix-bin 2.8, evaluates everything else.
   hasFileset = builtins ? readFileType;
 in
 {
   inherit hasFileset;
-  tinygrad = {
-    inherit (tinygrad) pname version pythonImportsCheck;
-    postPatch = if hasFileset then tinygrad.postPatch else null;
-    src = { inherit (tinygrad.src) pname version hash; };
-  };
+  tinygradCuda = tinygradOf true;
+  tinygradCpu = tinygradOf false;
   orinLlmCuda = {
     inherit (orinLlm true) pname version makeWrapperArgs;
-    inherit ((orinLlm true).passthru) runtimeEnv;
     dependencies = map (p: p.name or p.pname) (orinLlm true).dependencies;
     src = if hasFileset then "${(orinLlm true).src}" else null;
   };
-  orinLlmCpu = {
-    inherit (orinLlm false) makeWrapperArgs;
-    inherit ((orinLlm false).passthru) runtimeEnv;
-  };
+  orinLlmCpu = { inherit (orinLlm false) makeWrapperArgs; };
 }

@@ -1,5 +1,5 @@
 """0003-matvec-heuristic on orin_llm's own decode kernels: a synthetic tiny-llama model is loaded on CPU, one
-decode step (`Engine._step` at a bound start_pos) is scheduled without being realized, and each kernel is
+decode step (`Engine.steps.one_decode` at a bound start_pos and slot) is scheduled without being realized, and each kernel is
 optimized by hand_coded_optimizations for a CUDA renderer (constructed without a GPU, as in
 test_0003_matvec_heuristic.py). Every kernel that multiplies by a QuantWeight (fused Q/K/V, attention output,
 fused gate/up, down, output head) must get the matvec opts GROUP / LOCAL 4 / UPCAST 4; no other kernel of the
@@ -54,9 +54,9 @@ def decode_kernels(eng: Engine) -> list[tuple[set[str], set[str], object]]:
       assert len(fused.parts) == 1, f"{name} of layer {i} is not fused"
       planes(f"blk.{i}.{name}", fused.parts[0])
     planes(f"blk.{i}.attn_output", b.wo); planes(f"blk.{i}.ffn_down", b.down)
-  other = {eng.tok_buf.uop.base: "tok_buf", m.rope.uop.base: "rope"} | {b.cache.uop.base: f"blk.{i}.cache" for i, b in enumerate(m.blocks)}
-  linear, var_vals = eng._step(eng.v_pos.bind(POS), 1, True).linear_with_vars()
-  assert var_vals == {"start_pos": POS}
+  other = {eng.state.next_tok.uop.base: "tok_buf", m.rope.uop.base: "rope"} | {b.cache.uop.base: f"blk.{i}.cache" for i, b in enumerate(m.blocks)}
+  linear, var_vals = eng.steps.one_decode(eng.v_pos.bind(POS), eng.v_slot.bind(0)).linear_with_vars()
+  assert var_vals.get("start_pos") == POS and set(var_vals) <= {"start_pos", "slot"}
   out = []
   for call in linear.src:
     assert call.op is Ops.CALL and call.src[0].op is Ops.SINK

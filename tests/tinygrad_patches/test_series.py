@@ -1,7 +1,7 @@
 """The patch series of pkgs/tinygrad/patches: each patch applies cleanly, in order, to a fresh copy of the
 pinned sdist (the one scripts/setup_venv.py downloads to .cache), and the tinygrad imported here carries
 the marker apply-patches.sh writes, naming exactly that series."""
-import hashlib, pathlib, shutil, subprocess, tarfile
+import hashlib, pathlib, subprocess, tarfile
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Serving under load, ours against llama.cpp on the same file in one invocation: `orin-llm serve`, then
+(given its path) llama-server with -np N for each N, each driven by N concurrent streaming clients for
+each N of --parallel. A client sends a prompt of --prompt-tokens random token ids (the same ids reach
+both servers, no tokenizer in between) and asks for --tokens tokens at temperature 0 with EOS ignored
+(llama-server's ignore_eos; ours has no such field and stops at EOS, which random weights rarely pick:
+a stream that ends early is counted). Per N: aggregate tok/s (every token of the round over its wall
+time), per-stream tok/s (after its first token), time to first token (median, p95 over all streams).
+Ours starts once, with a slot per client of the largest N (--max-batch); llama-server starts for each N.
+  load_bench.py --model F [--llama-server PATH] [--parallel 1,2,4,8] [--tokens 128] [--rounds 3]
+                [--config TOML] [--max-batch B] [--port 18081] [--json OUT] [--logs DIR]"""
+import argparse, asyncio, json, os, pathlib, signal, subprocess, sys, tempfile, time
+import numpy as np
+import aiohttp
+
+def start(cmd: list[str], url: str, log: pathlib.Path, timeout: float) -> subprocess.Popen:
+  """Starts a server and waits for its /health to answer 200 (both answer 503 while loading)."""
+  print(f"load_bench: starting {' '.join(map(str, cmd))} (log {log})", file=sys.stderr, flush=True)
+  f = open(log, "ab")
+  proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+  t0 = time.monotonic()
+  async def ready() -> bool:
+    async with aiohttp.ClientSession() as s:
+      while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None: return False
+        try:
+          async with s.get(url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+            if r.status == 200: return True
+        except (aiohttp.ClientError, asyncio.TimeoutError): pass
+        await asyncio.sleep(0.2)
+    return False
+  if not asyncio.run(ready()):
+    stop(proc)
+    tail = log.read_text(errors="replace").splitlines()[-15:]
+    sys.exit("load_bench: " + (f"server exited with {proc.returncode}" if proc.returncode not in (None, -15) else f"not ready after {timeout:.0f} s")
+             + f": {' '.join(map(str, cmd))}\n" + "\n".join(tail))
+  print(f"load_bench: ready after {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+  return proc
+
+def stop(proc: subprocess.Popen):
+  if proc.poll() is None:
+    proc.send_signal(signal.SIGTERM)
+    try: proc.wait(60)
+    except subprocess.TimeoutExpired: proc.kill(); proc.wait()
+
+async def stream(s: aiohttp.ClientSession, url: str, prompt: list[int], n: int) -> dict:
+  """One streamed completion: times of its first and last text chunks, tokens, finish reason."""
+  body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True, "ignore_eos": True,
+          "stream_options": {"include_usage": True}}
+  t0 = time.perf_counter()
+  first = last = usage = finish = predicted = None
+  chunks = 0
+  async with s.post(url + "/v1/completions", json=body) as r:
+    if r.status != 200: raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.text())[:300]}")
+    async for line in r.content:
+      if not line.startswith(b"data: {"): continue
+      now, ev = time.perf_counter(), json.loads(line[6:])
+      usage = ev.get("usage") or usage
+      predicted = (ev.get("timings") or {}).get("predicted_n", predicted)  # llama-server's own count
+      for c in ev.get("choices", []):
+        if c.get("text"): chunks, first, last = chunks + 1, first or now, now
+        finish = c.get("finish_reason") or finish
+  # tokens: the usage counts; else llama.cpp's timings; else one chunk per token (llama-server sends each token)
+  tokens = usage["completion_tokens"] if usage else predicted if predicted is not None else chunks
+  if first is None: raise RuntimeError(f"{url}: a stream ended without text (finish_reason {finish})")
+  return {"start": t0, "first": first, "last": last, "tokens": tokens, "finish": finish}
+
+async def rounds(url: str, n: int, n_rounds: int, tokens: int, prompt_tokens: int, vocab: int, rng) -> list[list[dict]]:
+  lo, hi = min(1000, vocab // 4), min(vocab, 100000)  # ordinary tokens: not the special ones at the top of the vocabulary
+  out = []
+  async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=600)) as s:
+    for _ in range(n_rounds):
+      out.append(await asyncio.gather(*[stream(s, url, rng.integers(lo, hi, prompt_tokens).tolist(), tokens) for _ in range(n)]))
+  return out
+
+def summary(rs: list[list[dict]], tokens: int) -> dict:
+  streams = [x for r in rs for x in r]
+  agg = [sum(x["tokens"] for x in r) / (max(x["last"] for x in r) - min(x["start"] for x in r)) for r in rs]
+  per = [(x["tokens"] - 1) / (x["last"] - x["first"]) for x in streams if x["tokens"] > 1 and x["last"] > x["first"]]
+  ttft = np.array([x["first"] - x["start"] for x in streams]) * 1e3
+  return {"aggregate_tok_s": float(np.median(agg)), "per_stream_tok_s": float(np.median(per)) if per else None,
+          "per_stream_tok_s_min": float(min(per)) if per else None, "ttft_ms_median": float(np.median(ttft)),
+          "ttft_ms_p95": float(np.percentile(ttft, 95)), "streams": len(streams),
+          "ended_early": sum(x["tokens"] < tokens for x in streams), "tokens": sum(x["tokens"] for x in streams)}
+
+def measure(url: str, args, ns: list[int], vocab: int, rng) -> dict:
+  asyncio.run(rounds(url, 1, 1, 8, args.prompt_tokens, vocab, rng))  # warm-up: first-request costs stay out of the figures
+  return {n: summary(asyncio.run(rounds(url, n, args.rounds, args.tokens, args.prompt_tokens, vocab, rng)), args.tokens) for n in ns}
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--model", "-m", required=True)
+  ap.add_argument("--llama-server", help="llama-server binary (none: ours only)")
+  ap.add_argument("--parallel", default="1,2,4,8", help="concurrent clients, comma-separated (default 1,2,4,8)")
+  ap.add_argument("--tokens", type=int, default=128, help="tokens each client asks for (default 128)")
+  ap.add_argument("--prompt-tokens", type=int, default=16, help="prompt length in tokens (default 16)")
+  ap.add_argument("--rounds", type=int, default=3, help="rounds of N concurrent requests per N (default 3)")
+  ap.add_argument("--config", help="TOML config for orin-llm serve (BEAM, kernel cache; --model, --port, --max-batch override it)")
+  ap.add_argument("--max-batch", type=int, help="our server's slots, requests generating at once (default: the most clients)")
+  ap.add_argument("--port", type=int, default=18081, help="our server's port; llama-server gets the next (default 18081)")
+  ap.add_argument("--timeout", type=float, default=900, help="seconds a server may take to become ready (default 900)")
+  ap.add_argument("--json", help="also write the results to this file")
+  ap.add_argument("--logs", help="directory for the servers' logs (default: a temporary one)")
+  args = ap.parse_args()
+  ns = [int(n) for n in args.parallel.split(",")]
+  logs = pathlib.Path(args.logs or tempfile.mkdtemp(prefix="load-bench-"))
+  logs.mkdir(parents=True, exist_ok=True)
+  from orin_llm.gguf_file import GGUFFile
+  vocab = len(GGUFFile(args.model).metadata["tokenizer.ggml.tokens"])
+  rng = np.random.default_rng(0)
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit("load_bench: terminated"))  # finally: below still stops the servers
+  res = {"model": args.model, "tokens": args.tokens, "prompt_tokens": args.prompt_tokens, "rounds": args.rounds,
+         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+  url = f"http://127.0.0.1:{args.port}"
+  # one start for every N, a slot for each client of the largest (llama-server below starts for each N with -np N)
+  cmd = [sys.executable, "-m", "orin_llm", "serve", "--model", args.model, "--port", str(args.port), "--queue-size", str(max(16, *ns)),
+         "--max-batch", str(args.max_batch or max(ns))]
+  proc = start(cmd + (["--config", args.config] if args.config else []), url, logs / "orin-llm.log", args.timeout)
+  try: res["ours"] = measure(url, args, ns, vocab, rng)
+  finally: stop(proc)
+  if args.llama_server:
+    res["llama_cpp"], url = {}, f"http://127.0.0.1:{args.port + 1}"
+    for n in ns:  # -np N slots of 4096 tokens each: N requests decode together (continuous batching)
+      cmd = [args.llama_server, "-m", args.model, "-ngl", "99", "-fa", "on", "-np", str(n), "-c", str(4096 * n),
+             "--host", "127.0.0.1", "--port", str(args.port + 1)]
+      proc = start(cmd, url, logs / f"llama-server-np{n}.log", args.timeout)
+      try: res["llama_cpp"][n] = measure(url, args, [n], vocab, rng)[n]
+      finally: stop(proc)
+    res["ratio"] = {f"aggregate_n{n}": res["ours"][n]["aggregate_tok_s"] / res["llama_cpp"][n]["aggregate_tok_s"] for n in ns}
+  print_table(res, ns)
+  if args.json:
+    with open(args.json, "w") as f: json.dump(res, f, indent=1)
+
+def print_table(res: dict, ns: list[int]):
+  print(f"load bench: {os.path.basename(res['model'])}, {res['tokens']} tokens per stream after {res['prompt_tokens']} prompt tokens, "
+        f"rounds per N: {res['rounds']}")
+  print(f"  {'server':<10} {'N':>3} {'aggregate tok/s':>16} {'per stream tok/s':>17} {'TTFT median / p95 ms':>21} {'ended early':>12}  ours/llama.cpp")
+  for n in ns:
+    for who, key in (("llama.cpp", "llama_cpp"), ("orin-llm", "ours")):
+      if n not in res.get(key, {}): continue
+      s, ratio = res[key][n], res.get("ratio", {}).get(f"aggregate_n{n}") if key == "ours" else None
+      per = f"{s['per_stream_tok_s']:.1f}" if s["per_stream_tok_s"] else "-"
+      line = (f"  {who:<10} {n:>3} {s['aggregate_tok_s']:>16.1f} {per:>17} {s['ttft_ms_median']:>11.1f} / {s['ttft_ms_p95']:<7.1f} "
+              f"{s['ended_early']:>4} of {s['streams']:<3}  " + (f"{ratio:.2f}x" if ratio else ""))
+      print(line.rstrip())
+
+if __name__ == "__main__": main()

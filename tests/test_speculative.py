@@ -1,0 +1,102 @@
+"""Speculative decoding (speculative.py, Engine.verify): greedy output is the plain path's, a rejected proposal's keys
+and values never leak into later tokens (rollback), and sampled verification keeps the target's distribution:
+for both proposal sources, n-gram lookup and a draft model."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from orin_llm.engine import Engine
+from orin_llm.sampling import Sampling
+from orin_llm.speculative import NgramDraft, ModelDraft, Speculator
+from orin_llm.synth import write_model, preset
+from conftest import LLAMA_VOCAB, seed_for
+
+VOCAB = 2048
+
+def test_ngram_proposals():
+  d = NgramDraft(max_n=3)
+  t = [5, 6, 7, 8, 9, 1, 2, 6, 7]
+  assert d.propose(t, 3) == [8, 9, 1]  # "6 7" was followed by "8 9 1"
+  assert d.propose(t + [8, 4, 6, 7], 2) == [8, 4]  # the newest occurrence of "6 7" wins (and the index grew)
+  assert d.propose([1, 2, 3], 4) == []
+  assert NgramDraft().propose([3, 3], 5) == [3]  # what is known after the last "3": one token
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+  d = tmp_path_factory.mktemp("spec")
+  target = write_model(d / "t.gguf", preset("tiny-llama"), QT.Q6_K, LLAMA_VOCAB, seed=seed_for("spec-target"), vocab_size=VOCAB)
+  draft = write_model(d / "d.gguf", preset("tiny-llama", n_layers=1), QT.Q4_K, LLAMA_VOCAB, seed=seed_for("spec-draft"), vocab_size=VOCAB)
+  # drafts: another random model (its proposals are rejected: rollback) and the target's own file (all accepted)
+  return Engine(target, max_context=160, chunk=8), {"other": Engine(draft, max_context=160, chunk=8), "same": Engine(target, max_context=160, chunk=8)}
+
+def plain(eng, prompt, n, s=Sampling()):
+  eng.reset()
+  return list(eng.generate(prompt, n, s, lookahead=4))
+
+def same_but_for_ties(eng, prompt, got, want):
+  """got equals want up to the first place where want's model has a near tie between the two choices."""
+  for i, (a, b) in enumerate(zip(got, want)):
+    if a != b:
+      eng.reset()
+      lg = eng.forward(prompt + want[:i], 0)
+      assert abs(lg[a] - lg[b]) < 1e-3 * np.abs(lg).max(), (i, got, want)
+      return
+  assert len(got) == len(want)
+
+@pytest.mark.parametrize("source", ["ngram", "draft-same", "draft-other"])
+def test_greedy_output_is_the_plain_paths(models, rng, source):
+  eng, drafts = models
+  prompt = rng.integers(0, VOCAB, 12).tolist() * 3  # repeats: n-gram lookup finds proposals
+  want = plain(eng, prompt, 40)
+  if source == "ngram": sp = Speculator(NgramDraft())
+  else:
+    draft = drafts[source.split("-")[1]]
+    draft.reset()
+    sp = Speculator(ModelDraft(draft), patience=100)  # keep verifying even when nothing is accepted
+  eng.reset()
+  got = list(eng.generate(prompt, 40, Sampling(), speculator=sp))
+  same_but_for_ties(eng, prompt, got, want)
+  assert sp.steps > 0, sp.stats()
+  if source != "draft-other": assert sp.accepted > 0, sp.stats()  # verify steps accepted something
+
+def test_rejected_proposals_roll_back(models, rng):
+  """Wrong proposals: one token comes back (the plain path's), the slot caches only its input, and what the rejected
+  rows wrote into the cache does not change any later token; right proposals are all accepted, plus one."""
+  eng, _ = models
+  prompt = rng.integers(0, VOCAB, 10).tolist()
+  want = plain(eng, prompt, 12)
+  eng.reset()
+  assert eng.prefill(0, prompt) == want[0]
+  wrong = [(want[1] + 1 + i) % VOCAB for i in range(6)]
+  assert eng.verify(0, wrong) == [want[1]]
+  assert eng.slots[0].cached == prompt + want[:1] and eng.slots[0].next == want[1]
+  got = eng.verify(0, want[2:7])  # all right: 5 accepted and the one after them
+  assert got == want[2:8], (got, want)
+  rest = eng.decode([0], 4)[:, 0].tolist()  # plain steps over a cache the wrong rows wrote past
+  assert want[:8] + rest == want[:12]
+
+@pytest.mark.parametrize("source", ["ngram", "draft"])
+def test_sampled_verification_keeps_the_distribution(models, rng, source):
+  """Sampled verification, over many seeds: the token a verify step emits first is distributed as plain sampling's
+  (softmax(l / T)), and the proposal is accepted as often as the target picks it."""
+  eng, drafts = models
+  draft = drafts["other"]
+  prompt = rng.integers(0, VOCAB, 9).tolist()
+  x = int(rng.integers(VOCAB))  # the last chosen token, fixed, so that every trial samples the same distribution
+  T = 3.0  # flat enough that several tokens come up
+  eng.reset()
+  logits = eng.forward(prompt + [x], 0)
+  p = np.exp((logits - logits.max()) / T); p /= p.sum()
+  if source == "ngram": d = int(np.argsort(-p)[1])  # a proposal that is often but not always right
+  else: draft.reset(); d = ModelDraft(draft).propose(prompt + [x], 1)[0]
+  n, firsts, accepted = 500, [], 0
+  for i in range(n):
+    eng.prefill(0, prompt, Sampling(T, 0, 1.0, int(rng.integers(1 << 24))))  # the cached prompt: its last token runs again
+    eng.slots[0].next = x
+    out = eng.verify(0, [d])
+    firsts.append(out[0]); accepted += out[0] == d
+    assert len(out) == 1 + (out[0] == d)
+  freq = np.bincount(firsts, minlength=VOCAB) / n
+  top = np.argsort(-p)[:4]
+  tol = 4 * np.sqrt(p[top] * (1 - p[top]) / n) + 3e-3
+  assert (np.abs(freq[top] - p[top]) <= tol).all(), (freq[top], p[top])
+  assert abs(accepted / n - p[d]) <= 4 * np.sqrt(p[d] * (1 - p[d]) / n) + 3e-3, (accepted / n, p[d])

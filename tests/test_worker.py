@@ -1,0 +1,127 @@
+"""The engine thread's scheduler (server/worker.py) over a stand-in engine that records what it is asked to run:
+jobs join free slots, leave them when done or cancelled, a cancelled prompt stops within one prefill chunk, and an
+engine failure fails the requests it ran while the server goes on."""
+import asyncio, threading, time
+import numpy as np
+import pytest
+from orin_llm.sampling import Sampling
+from orin_llm.server import worker as W
+from orin_llm.server.metrics import Metrics
+
+class Tok:
+  stop_ids = frozenset({0})
+  def stream(self):
+    class D:
+      def push(self, i): return f"<{i}>"
+      def flush(self): return ""
+    return D()
+
+class Slot:
+  def __init__(self): self.cached, self.next = [], None
+
+class FakeEngine:
+  """Decodes token t -> t + 1 in every slot; prompts run in chunks of 4 tokens."""
+  def __init__(self, slots=2, ctx=200):
+    self.max_batch, self.max_context, self.slots = slots, ctx, [Slot() for _ in range(slots)]
+    self.chunks_run, self.decodes, self.fail, self.resets, self.lock = 0, [], None, 0, threading.Lock()
+  def common_prefix(self, s, toks):
+    n = 0
+    for a, b in zip(self.slots[s].cached, toks):
+      if a != b: break
+      n += 1
+    return n
+  def prefill_chunks(self, slot, toks, sampling):
+    s = self.slots[slot]
+    pos = min(self.common_prefix(slot, toks), len(toks) - 1)
+    s.cached, s.next = toks[:pos], None
+    while pos < len(toks):
+      time.sleep(0.01)
+      self.chunks_run += 1
+      pos = min(pos + 4, len(toks)); s.cached = toks[:pos]
+      yield pos
+  def first_token(self, slot):
+    s = self.slots[slot]
+    if s.next is None: s.next = s.cached[-1] + 1
+    return s.next
+  def decode(self, slots, n):
+    if self.fail: raise self.fail
+    self.decodes.append(tuple(slots))
+    out = np.zeros((n, len(slots)), np.int64)
+    for j, sl in enumerate(slots):
+      s = self.slots[sl]
+      for i in range(n): out[i, j] = s.next + 1 + i
+      s.cached, s.next = s.cached + [s.next] + out[:n - 1, j].tolist(), int(out[n - 1, j])
+    return out
+  def reset(self, slot=None):
+    self.resets += 1
+    for s in self.slots: s.cached, s.next = [], None
+
+@pytest.fixture
+def setup(monkeypatch):
+  monkeypatch.setattr(W.Worker, "_warm_up", lambda self: None)
+  eng = FakeEngine()
+  w = W.Worker(lambda: (eng, Tok()), queue_size=4, metrics=Metrics())
+  w.start()
+  t0 = time.monotonic()
+  while w.state != "ready": assert time.monotonic() - t0 < 10; time.sleep(0.01)
+  yield eng, w
+  w.stop(); w.thread.join(5)
+
+async def collect(job, timeout=10.0):
+  out = []
+  while True:
+    ev = await asyncio.wait_for(job.events.get(), timeout)
+    out.append(ev)
+    if ev[0] in ("end", "error"): return out
+
+def run(coro): return asyncio.run(coro)
+
+def test_jobs_share_the_engine_and_each_gets_its_own_tokens(setup):
+  eng, w = setup
+  async def main():
+    loop = asyncio.get_running_loop()
+    jobs = [W.Job([10 * (i + 1)] * 5, 6, Sampling(), [], loop) for i in range(3)]  # three jobs, two slots
+    for j in jobs: w.submit(j)
+    return await asyncio.gather(*[collect(j) for j in jobs])
+  res = run(main())
+  for i, evs in enumerate(res):
+    text = "".join(e[1] for e in evs if e[0] == "text")
+    first = 10 * (i + 1) + 1
+    assert text == "".join(f"<{t}>" for t in range(first, first + 6)), text
+    assert evs[-1][0] == "end" and evs[-1][1] == "length"
+  assert max(len(s) for s in eng.decodes) == 2  # two generating together, never more than the slots
+
+def test_cancelled_prompt_stops_within_one_chunk(setup):
+  eng, w = setup
+  async def main():
+    loop = asyncio.get_running_loop()
+    long = W.Job(list(range(1, 4001)), 4, Sampling(), [], loop)  # 1000 chunks of 4
+    w.submit(long)
+    await asyncio.wait_for(long.events.get(), 5)  # started
+    await asyncio.sleep(0.2)
+    long.cancel()
+    before = eng.chunks_run
+    ok = W.Job([5, 6], 2, Sampling(), [], loop)
+    w.submit(ok)
+    evs = await collect(ok)
+    return before, evs
+  before, evs = run(main())
+  assert eng.chunks_run <= before + 2, (before, eng.chunks_run)  # at most the chunk under way and the other job's
+  assert evs[-1][0] == "end" and eng.chunks_run < 200
+
+def test_engine_failure_fails_its_requests_not_the_server(setup):
+  eng, w = setup
+  eng.fail = RuntimeError("device lost")
+  async def main():
+    loop = asyncio.get_running_loop()
+    a = W.Job([1, 2, 3], 5, Sampling(), [], loop)
+    w.submit(a)
+    first = await collect(a)
+    eng.fail = None
+    b = W.Job([7, 8], 3, Sampling(), [], loop)
+    w.submit(b)
+    return first, await collect(b)
+  first, second = run(main())
+  assert first[-1][0] == "error" and "device lost" in first[-1][1]
+  assert eng.resets >= 1 and w.alive(5)
+  assert second[-1][0] == "end" and "".join(e[1] for e in second if e[0] == "text") == "<9><10><11>"
