@@ -103,6 +103,7 @@ class GGUFFile:
     infos, seen = [], set()
     for _ in range(n_tensors):
       name, ndim = cur.string(), cur.unpack("<I")
+      if not name.isprintable(): raise OrinError(f"{path}: a tensor name is not printable text: {name!r:.80}")  # errors quote names
       if ndim > MAX_DIMS: raise OrinError(f"{path}: tensor {name} has {ndim} dimensions (at most {MAX_DIMS})")
       if name in seen: raise OrinError(f"{path}: tensor {name} is described twice")
       seen.add(name)

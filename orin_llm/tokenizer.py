@@ -65,7 +65,7 @@ _BYTE_DECODER = _byte_decoder()
 class Tokenizer:
   def __init__(self, tokens: list[str], token_types: list[int], merges: list[str], pre: str, bos_id: int | None,
                eos_id: int | None, add_bos: bool | None = None, special_ids: dict[str, int] | None = None):
-    if pre not in _PRE: raise OrinError(f"unsupported pre-tokenizer '{pre}' (tokenizer.ggml.pre); supported: {', '.join(sorted(_PRE))}")
+    if pre not in _PRE: raise OrinError(f"unsupported pre-tokenizer {pre!r:.60} (tokenizer.ggml.pre); supported: {', '.join(sorted(_PRE))}")
     regexes, ignore_merges, default_add_bos = _PRE[pre]
     self.tokens, self.pre, self.vocab_size = tokens, pre, len(tokens)
     self.bos_id, self.eos_id = bos_id, eos_id
@@ -91,7 +91,7 @@ class Tokenizer:
     # llama.cpp splits a merge at the first space after its first character
     pairs = [(m[:k], m[k + 1:]) for m in merges if (k := m.find(" ", 1)) > 0]
     try: bpe = models.BPE(vocab, pairs, ignore_merges=ignore_merges)
-    except Exception as e: raise OrinError(f"cannot build the BPE tokenizer from the GGUF vocabulary: {e}") from None
+    except Exception as e: raise OrinError(f"cannot build the BPE tokenizer from the GGUF vocabulary: {str(e)!r:.200}") from None
     self._hf = HFTokenizer(bpe)
     self._hf.pre_tokenizer = pre_tokenizers.Sequence(
       [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes] + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])

@@ -7,6 +7,8 @@ the connections, and how long a client may take to send a request or stay idle."
 from __future__ import annotations
 import asyncio, hmac, json, logging, os, pathlib, re, time, uuid
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from orin_llm.errors import OrinError
 from orin_llm.tokenizer import TooLong
 from orin_llm.sampling import Sampling
@@ -106,6 +108,30 @@ class _Conn(asyncio.Protocol):
     if self.open: self.inner.pause_writing()
   def resume_writing(self):
     if self.open: self.inner.resume_writing()
+
+class _Handler(RequestHandler):
+  """aiohttp's handler of a connection, answering requests it cannot parse (a bad header, request line, chunk) with
+  OpenAI's error object and no traceback in the log (aiohttp's own: text/plain and logger.exception, every time)."""
+  def handle_error(self, request, status=500, exc=None, message=None):
+    if status >= 500: return super().handle_error(request, status, exc, message)
+    why = (str(exc) if exc is not None else message or "").strip().splitlines() or ["malformed request"]
+    logger.debug("bad HTTP request from %s: %s", request.remote, why[0])
+    if request.writer.output_size > 0: raise ConnectionError("a response was sent already")
+    r = APIError(status, f"bad HTTP request: {why[0][:200]}", code="bad_request").response()
+    r.force_close()
+    return r
+  def log_exception(self, *args, **kw):
+    # a body left unread (a 401, say) is drained before the next request, and a bad one (chunks, Content-Encoding)
+    # fails there: the client's error, one line at debug level; anything else keeps its traceback
+    exc = kw.get("exc_info")
+    if isinstance(exc, (HttpProcessingError, RequestPayloadError)):
+      logger.debug("bad HTTP request: %s", (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+    else: super().log_exception(*args, **kw)
+
+def handler_factory(server):
+  """A new _Handler for aiohttp's web.Server, as its __call__ makes a RequestHandler (its own, where it has changed)."""
+  try: return _Handler(server, loop=server._loop, **server._kwargs)
+  except (AttributeError, TypeError): return server()
 
 class ConnectionGuard:
   """What aiohttp does not bound (issue 23: half-sent requests stayed open for minutes, and ~1000 of them ran the
@@ -235,6 +261,9 @@ async def _body(request: web.Request) -> dict:
     async with asyncio.timeout(srv.cfg.body_timeout): raw = await request.read()
   except TimeoutError:
     raise APIError(408, f"the request body did not arrive within {srv.cfg.body_timeout:g} s (body_timeout)", code="request_timeout", close=True) from None
+  except RequestPayloadError as e:  # bad chunked framing, a Content-Encoding that does not decode
+    why = (str(e.__cause__ or e).strip().splitlines() or ["unreadable"])[0]
+    raise APIError(400, f"the request body cannot be read: {why[:200]}", close=True) from None
   finally:
     if c is not None: c.set("busy")
   try: body = json.loads(raw)

@@ -133,7 +133,9 @@ async def serve(cfg, stop: asyncio.Event | None = None, on_listening=None, load=
 class _Guarded:
   """aiohttp's protocol factory (web.Server), each connection it makes wrapped by the guard; the rest passes through."""
   def __init__(self, server, guard): self._inner, self._guard = server, guard
-  def __call__(self): return self._guard.protocol(self._inner())
+  def __call__(self):
+    from orin_llm.server.app import handler_factory
+    return self._guard.protocol(handler_factory(self._inner))
   def __getattr__(self, name): return getattr(self._inner, name)
 
 def cmd_serve(args: argparse.Namespace):
