@@ -172,6 +172,9 @@ class Gen:
       for _ in range(int(self.rng.integers(1, 6))): b[int(self.rng.integers(len(b)))] = int(self.rng.integers(256))
       raw = bytes(b)
     elif r == 3: raw = raw.replace(b'"', b'"\\ud83d', 1) if self.chance(0.5) else raw.replace(b"user", b"\\ud800user", 1)
+    elif r == 4 and (at := [i + 1 for i in range(len(raw) - 1) if raw[i:i + 2] == b'{"']):  # a key with a value nested deep
+      i, n = self.pick(at), int(self.pick([40, 70, 900, 5000, 50000]))  # past the recursion limit (tinygrad sets 10000)
+      raw = raw[:i] + b'"deep": ' + b"[" * n + b"1" + b"]" * n + b", " + raw[i:]
     return raw
   def headers(self, body: bytes) -> list[tuple[bytes, bytes]]:
     h = [(b"Host", b"fuzz")]

@@ -326,10 +326,12 @@ SURROGATE = [("/v1/chat/completions", b'{"messages": [{"role": "user", "content"
              ("/v1/completions", b'{"prompt": "x", "stop": ["\\ud800"], "max_tokens": 1}', 400),
              ("/v1/completions", b'{"prompt": "x", "max_tokens": 1, "top_k": 1' + b"0" * 400 + b"}", 400),
              ("/v1/completions", b'{"prompt": "x", "max_tokens": 1, "seed": 1' + b"0" * 30 + b"}", 400),
+             ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x", "x": ' + b"[" * 50000 + b"]" * 50000 + b"}]}", 400),
+             ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x", "x": ' + b"[" * 100 + b"]" * 100 + b"}]}", 400),
              ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}], "max_tokens": 1}', 200)]  # a pair: fine
 
 @pytest.mark.parametrize("path,raw,status", SURROGATE, ids=["surrogate in a message", "surrogate in a prompt", "surrogate in stop",
-                                                             "top_k 1e400", "seed 1e30", "surrogate pair"])
+                                                             "top_k 1e400", "seed 1e30", "nested 50000 deep", "nested 100 deep", "surrogate pair"])
 def test_400_not_500(hostile, path, raw, status):
   n = len(hostile.log.records)
   st, _, r = http(hostile.base, "POST", path, raw=raw, key=hostile.key)

@@ -245,12 +245,21 @@ async def auth(request: web.Request, handler):
   return await handler(request)
 
 # ---------------------------------------------------------------------- request checks
-def _strings(x):
-  if isinstance(x, str): yield x
-  elif isinstance(x, dict):
-    for k, v in x.items(): yield k; yield from _strings(v)
-  elif isinstance(x, list):
-    for v in x: yield from _strings(v)
+MAX_DEPTH = 64  # nesting of arrays and objects in a body (JSON schemas of tools included); json.loads fails near 1000
+
+def _check_values(body) -> str | None:
+  """What is wrong with the body's values, walked without recursion: nesting past MAX_DEPTH, or a string with a lone
+  UTF-16 surrogate (JSON may escape half a pair, \\ud800: no text, and the tokenizer fails on it)."""
+  todo = [(body, 1)]
+  while todo:
+    x, depth = todo.pop()
+    if depth > MAX_DEPTH: return f"the body is nested over {MAX_DEPTH} deep"
+    if isinstance(x, str):
+      try: x.encode("utf-8")
+      except UnicodeEncodeError as e: return f"the body holds a lone UTF-16 surrogate ({x[e.start]!r}): strings must be valid Unicode"
+    elif isinstance(x, dict): todo += [(k, depth) for k in x] + [(v, depth + 1) for v in x.values()]
+    elif isinstance(x, list): todo += [(v, depth + 1) for v in x]
+  return None
 
 async def _body(request: web.Request) -> dict:
   srv = request.app[SERVER]
@@ -268,13 +277,11 @@ async def _body(request: web.Request) -> dict:
     if c is not None: c.set("busy")
   try: body = json.loads(raw)
   except (ValueError, UnicodeDecodeError) as e: raise APIError(400, f"the body is not valid JSON: {e}") from None
+  except RecursionError: raise APIError(400, f"the body is nested over {MAX_DEPTH} deep") from None
   if not isinstance(body, dict): raise APIError(400, "the body must be a JSON object")
-  # JSON may escape half a UTF-16 pair (\ud800): such a string is no text, and the tokenizer fails on it
-  if _SURROGATE_ESCAPE.search(raw):
-    for t in _strings(body):
-      try: t.encode("utf-8")
-      except UnicodeEncodeError as e:
-        raise APIError(400, f"the body holds a lone UTF-16 surrogate ({t[e.start]!r}): strings must be valid Unicode") from None
+  # only a body with more brackets than MAX_DEPTH can nest deeper, only one with a \\udXXX escape hold a surrogate
+  if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH or _SURROGATE_ESCAPE.search(raw):
+    if (why := await asyncio.to_thread(_check_values, body)) is not None: raise APIError(400, why)
   return body
 
 _TYPES = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", dict: "an object", list: "an array"}
