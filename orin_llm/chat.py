@@ -258,10 +258,9 @@ def _worker_main():
   init = pickle.loads(_read_frame(rd))
   tok, timeout = init["tok"], init["timeout"]
   resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGXCPU dumps core by default
-  if init["memory"]:
+  if init["memory"] and (vm := _vm_bytes()):  # (Linux: where /proc tells the address space in use)
     # the address space now (interpreter, tokenizer) plus the budget: a template that allocates past it gets MemoryError
-    limit = _vm_bytes() + init["memory"]
-    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    resource.setrlimit(resource.RLIMIT_AS, (vm + init["memory"], resource.getrlimit(resource.RLIMIT_AS)[1]))
   try: tmpl, error = ChatTemplate(init["source"], init["bos"], init["eos"], init["max_output"]), None
   except OrinError as e: tmpl, error = None, str(e)
   reply({"ready": True, "error": error})

@@ -90,7 +90,8 @@ async def serve(cfg, stop: asyncio.Event | None = None, on_listening=None, load=
                          keepalive_timeout=cfg.keepalive_timeout)
   await runner.setup()
   # every connection goes through the guard (app.ConnectionGuard): timeouts and the connection limit
-  runner._server = _Guarded(runner.server, srv.guard)
+  runner._server = guarded = _Guarded(runner.server, srv.guard)
+  if runner.server is not guarded: logger.warning("aiohttp changed: connection limits and header timeouts are not in force")
   srv.guard.start()
   try: await web.TCPSite(runner, cfg.host, cfg.port).start()
   except OSError as e:
