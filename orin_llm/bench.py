@@ -19,6 +19,7 @@ def add_parser(sub):
                  "(default 0,1024,4096, clipped to the context)")
   p.add_argument("--lookahead", type=int, default=None, help="decode steps queued before the host reads tokens (default: the engine's, as served)")
   p.add_argument("--context", type=int, default=None, help="context to allocate (default: what the longest prompt or depth needs)")
+  p.add_argument("--max-batch", type=int, default=None, help="slots, as the server's (default 4): the kernels the server runs, slot and all")
   p.add_argument("--json-schema", metavar="FILE", help="also time decode constrained to this JSON schema against free decode, same "
                                                         "engine and prompt (e.g. scripts/bench-schema.json)")
   p.set_defaults(fn=cmd_bench)
@@ -166,6 +167,8 @@ def ours_of(ours: dict, key: str) -> float | None:
 
 def cmd_bench(args):
   settings.apply(beam=args.beam)
+  from orin_llm import kernel_cache
+  kernel_cache.search_defaults()  # the server's BEAM search settings (forkserver workers, bounds), where unset
   model = settings.model_path(args)
   from orin_llm.engine import Engine, DEFAULT_LOOKAHEAD
   def ints(v, flag, default):
@@ -176,7 +179,8 @@ def cmd_bench(args):
   # the model's own context may be shorter: the engine allocates the lesser; a schema's prompt holds the schema,
   # and its answers must fit beside it
   need = max(max(prompt_lens) + 1, max(max(depths), 16) + args.tokens + WARM, 2048 if args.json_schema else 0)
-  eng = Engine(model, max_context=args.context or need + 64, device=device)
+  from orin_llm.server.config import ServerConfig
+  eng = Engine(model, max_context=args.context or need + 64, device=device, max_batch=args.max_batch or ServerConfig.max_batch)
   ctx = eng.max_context
   prompt_lens = fit(prompt_lens, ctx - 1, ctx, args.prompt is not None, "prefill lengths", "--prompt")  # room for the next token
   depths = fit(depths, ctx - args.tokens - WARM, ctx, args.depth is not None, "decode depths", "--depth")

@@ -47,10 +47,9 @@ def load(args):
   return eng, Tokenizer.from_metadata(eng.file.metadata)
 
 def chat_ids(tmpl, tok, messages: list[dict]) -> list[int]:
-  """The prompt of a chat: the template rendered (with the assistant's turn opened) and encoded, with
-  no BOS of the tokenizer's where the template wrote one itself."""
-  text = tmpl.render(messages)
-  return tok.encode(text, bos=False if tok.bos_id is not None and text.startswith(tok.token_text(tok.bos_id)) else None)
+  """The prompt of a chat: the template rendered (with the assistant's turn opened) and encoded, its markup parsed for
+  control tokens and the messages' text as plain text (ChatTemplate.encode), as the server does."""
+  return tmpl.encode(tok, messages)
 
 def answer(eng, tok, ids: list[int], n: int, sampling, first: bool = False) -> list[int]:
   """Streams the tokens generated after ids to stdout as text (whole characters only), then a newline;

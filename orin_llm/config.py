@@ -1,9 +1,13 @@
 """Model configuration from GGUF metadata, and validation of the file's tensors against it."""
 from __future__ import annotations
+import math, re
 from dataclasses import dataclass
+from gguf import GGMLQuantizationType as QT
 from orin_llm.errors import OrinError
 from orin_llm.gguf_file import GGUFFile
 from orin_llm.quant import SUPPORTED
+
+FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)  # norms and other vectors: the loader reads them as floats, never as blocks
 
 ARCHITECTURES = ("llama", "qwen3")
 
@@ -43,28 +47,47 @@ class ModelConfig:
       if self.qk_norm: t |= {p + "attn_q_norm.weight": (self.head_dim,), p + "attn_k_norm.weight": (self.head_dim,)}
     return t
 
+MAX_CONTEXT = 1 << 24  # tokens: far past any model's training context, and a bound for what follows from it
+
 def config_from_gguf(f: GGUFFile) -> ModelConfig:
+  """The configuration the metadata describes, checked against the tensors the file holds before anything is
+  allocated: a file from the internet may hold any value in any field, and each gets a one-line error."""
   md = f.metadata
   arch = md.get("general.architecture")
-  if arch not in ARCHITECTURES:
-    raise OrinError(f"{f.path}: unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
-  def get(key, default=None):
+  if not isinstance(arch, str) or arch not in ARCHITECTURES:
+    raise OrinError(f"{f.path}: unsupported architecture {arch!r:.60} (supported: {', '.join(ARCHITECTURES)})")
+  def get(key, default=None, lo=1, hi=1 << 31, number=False):
     v = md.get(f"{arch}.{key}", default)
     if v is None: raise OrinError(f"{f.path}: metadata key {arch}.{key} is missing")
+    ok = isinstance(v, (int, float)) and math.isfinite(v) if number else isinstance(v, int)
+    if isinstance(v, bool) or not ok or not lo <= v <= hi:
+      wants = f"a number in {lo:g}..{hi:g}" if number else f"an integer in {lo}..{hi}"
+      raise OrinError(f"{f.path}: metadata key {arch}.{key} must be {wants}, not {v!r:.60}")
     return v
-  n_heads, dim = int(get("attention.head_count")), int(get("embedding_length"))
-  head_dim = int(get("attention.key_length", dim // n_heads))
   if "token_embd.weight" not in f: raise OrinError(f"{f.path}: tensor token_embd.weight is missing")
-  vocab = int(md.get(f"{arch}.vocab_size", f.tensors["token_embd.weight"].shape[0]))
+  embd = f.tensors["token_embd.weight"]
+  if len(embd.shape) != 2: raise OrinError(f"{f.path}: tensor token_embd.weight has shape {embd.shape}, not (vocabulary, embedding)")
+  # the layers the file holds bound block_count: 0xFFFFFFFF layers would be described (and allocated) one by one
+  blocks = {int(m.group(1)) for name in f.tensors if (m := re.match(r"blk\.(\d+)\.", name))}
+  n_layers = get("block_count", hi=1 << 62)
+  if n_layers > len(blocks): raise OrinError(f"{f.path}: {arch}.block_count is {n_layers}, but the file holds the tensors of {len(blocks)} blocks")
+  dim = get("embedding_length")
+  n_heads = get("attention.head_count", hi=dim)
+  n_kv_heads = get("attention.head_count_kv", n_heads, hi=n_heads)
+  if n_heads % n_kv_heads: raise OrinError(f"{f.path}: {n_heads} heads do not divide into {n_kv_heads} KV heads")
+  head_dim = get("attention.key_length", dim // n_heads, hi=1 << 16)
+  if head_dim % 2: raise OrinError(f"{f.path}: metadata key {arch}.attention.key_length is {head_dim}; rotary embeddings need an even head size")
+  if get("attention.value_length", head_dim) != head_dim:
+    raise OrinError(f"{f.path}: {arch}.attention.value_length differs from the key length {head_dim}; not supported")
   cfg = ModelConfig(
-    arch=arch, n_layers=int(get("block_count")), dim=dim, ffn_dim=int(get("feed_forward_length")), n_heads=n_heads,
-    n_kv_heads=int(get("attention.head_count_kv", n_heads)), head_dim=head_dim, vocab_size=vocab,
-    norm_eps=float(get("attention.layer_norm_rms_epsilon")), rope_theta=float(get("rope.freq_base", 10000.0)),
-    context_length=int(get("context_length")), tied_output="output.weight" not in f, rope_freq_factors="rope_freqs.weight" in f,
-    **arch_rules(arch))
-  if int(get("rope.dimension_count", head_dim)) != head_dim:
+    arch=arch, n_layers=n_layers, dim=dim, ffn_dim=get("feed_forward_length"), n_heads=n_heads,
+    n_kv_heads=n_kv_heads, head_dim=head_dim, vocab_size=get("vocab_size", embd.shape[0]),
+    norm_eps=float(get("attention.layer_norm_rms_epsilon", lo=0, hi=1, number=True)),
+    rope_theta=float(get("rope.freq_base", 10000.0, lo=1e-3, hi=1e12, number=True)),
+    context_length=get("context_length", hi=MAX_CONTEXT), tied_output="output.weight" not in f,
+    rope_freq_factors="rope_freqs.weight" in f, **arch_rules(arch))
+  if get("rope.dimension_count", head_dim) != head_dim:
     raise OrinError(f"{f.path}: partial rotary embeddings ({arch}.rope.dimension_count != head dim) are not supported")
-  if cfg.n_heads % cfg.n_kv_heads: raise OrinError(f"{f.path}: {n_heads} heads do not divide into {cfg.n_kv_heads} KV heads")
   validate(f, cfg)
   return cfg
 
@@ -77,3 +100,5 @@ def validate(f: GGUFFile, cfg: ModelConfig):
       raise OrinError(f"{f.path}: tensor {name} has shape {t.shape}, but the metadata implies {shape}")
     if t.qtype not in SUPPORTED:
       raise OrinError(f"{f.path}: tensor {name} has unsupported type {t.qtype.name} (supported: {', '.join(q.name for q in SUPPORTED)})")
+    if len(shape) == 1 and t.qtype not in FLOAT_TYPES:
+      raise OrinError(f"{f.path}: tensor {name} is stored as {t.qtype.name}; vectors (norms, rope factors) must be F32, F16 or BF16")

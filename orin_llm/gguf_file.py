@@ -17,6 +17,9 @@ from orin_llm.errors import OrinError
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
+MAX_DIMS = 4         # ggml's GGML_MAX_DIMS
+MAX_NESTING = 4      # arrays of arrays: real files have none; each level is a recursion of the parser
+MAX_ELEMENTS = 1 << 62  # elements of one tensor (llama.cpp: its byte size must fit an int64)
 
 _SCALAR = {GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
            GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
@@ -61,17 +64,20 @@ class _Cursor:
     if len(out) < n: raise OrinError(f"{self.path}: truncated GGUF file (a string array runs past its end, {end} bytes)")
     self.pos = pos
     return out
-  def value(self, vtype: int) -> Any:
+  def value(self, vtype: int, depth: int = 0) -> Any:
     try: vtype = GGUFValueType(vtype)
     except ValueError: raise OrinError(f"{self.path}: unknown metadata value type {vtype} at byte {self.pos}") from None
     if vtype == GGUFValueType.STRING: return self.string()
     if vtype == GGUFValueType.ARRAY:
+      if depth >= MAX_NESTING: raise OrinError(f"{self.path}: metadata arrays nested over {MAX_NESTING} deep at byte {self.pos}")
       sub, n = self.unpack("<I"), self.unpack("<Q")
       if sub in _NP:  # numeric arrays in one read
         dt = np.dtype(_NP[GGUFValueType(sub)])
         return np.frombuffer(self.take(n * dt.itemsize), dtype=dt).tolist()
       if sub == GGUFValueType.STRING: return self.strings(n)
-      return [self.value(sub) for _ in range(n)]
+      # every element takes at least 4 bytes: a count past that is corrupt, refused before the loop
+      if n > (len(self.buf) - self.pos) // 4: raise OrinError(f"{self.path}: truncated GGUF file (an array of {n} elements runs past its end)")
+      return [self.value(sub, depth + 1) for _ in range(n)]
     return self.unpack(_SCALAR[vtype])
 
 class GGUFFile:
@@ -88,25 +94,39 @@ class GGUFFile:
     self.version = cur.unpack("<I")
     if self.version not in SUPPORTED_VERSIONS: raise OrinError(f"{path}: unsupported GGUF version {self.version} (supported: 2, 3)")
     n_tensors, n_kv = cur.unpack("<Q"), cur.unpack("<Q")
+    # a metadata entry takes at least 12 bytes, a tensor description 24: counts the file cannot hold are refused up front
+    if n_kv > size // 12 or n_tensors > size // 24:
+      raise OrinError(f"{path}: corrupt GGUF header ({n_tensors} tensors and {n_kv} metadata entries cannot fit in {size} bytes)")
     self.metadata: dict[str, Any] = {}
     for _ in range(n_kv):
       key = cur.string()
       self.metadata[key] = cur.value(cur.unpack("<I"))
-    infos = []
+    infos, seen = [], set()
     for _ in range(n_tensors):
       name, ndim = cur.string(), cur.unpack("<I")
+      if not name.isprintable(): raise OrinError(f"{path}: a tensor name is not printable text: {name!r:.80}")  # errors quote names
+      if ndim > MAX_DIMS: raise OrinError(f"{path}: tensor {name} has {ndim} dimensions (at most {MAX_DIMS})")
+      if name in seen: raise OrinError(f"{path}: tensor {name} is described twice")
+      seen.add(name)
       dims = tuple(cur.unpack("<Q") for _ in range(ndim))
       qt, off = cur.unpack("<I"), cur.unpack("<Q")
       try: qtype = GGMLQuantizationType(qt)
       except ValueError: raise OrinError(f"{path}: tensor {name} has unknown tensor type {qt}") from None
+      if qtype not in GGML_QUANT_SIZES: raise OrinError(f"{path}: tensor {name} has tensor type {qtype.name}, which has no known block size")
       infos.append((name, dims, qtype, off))
-    align = int(self.metadata.get("general.alignment", 32))
+    align = self.metadata.get("general.alignment", 32)
+    # the spec's rule (llama.cpp's too): a power of two; 0 divided by zero below
+    if not isinstance(align, int) or isinstance(align, bool) or align < 1 or align & (align - 1) or align > 1 << 30:
+      raise OrinError(f"{path}: general.alignment must be a power of two, not {align!r:.40}")
     self.data_start = data_start = (cur.pos + align - 1) // align * align
     self.tensors: dict[str, TensorInfo] = {}
     for name, dims, qtype, off in infos:
       block, bsize = GGML_QUANT_SIZES[qtype]
-      n = int(np.prod(dims, dtype=np.int64)) if dims else 1
+      n = 1
+      for d in dims: n *= d  # Python integers: numpy's int64 product wraps around silently
+      if n > MAX_ELEMENTS: raise OrinError(f"{path}: tensor {name} has dimensions {list(dims)}, over 2^62 elements")
       if dims and dims[0] % block: raise OrinError(f"{path}: tensor {name} has rows of {dims[0]}, not a multiple of {qtype.name}'s block of {block}")
+      if off % align: raise OrinError(f"{path}: tensor {name} starts at data offset {off}, not a multiple of the alignment {align}")
       nbytes = n // block * bsize
       if data_start + off + nbytes > size:
         raise OrinError(f"{path}: truncated GGUF file (tensor {name} needs bytes up to {data_start + off + nbytes}, file has {size})")

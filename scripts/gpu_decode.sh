@@ -7,7 +7,7 @@
 # missing; without MODEL, the 1B-shaped file of random Q6_K blocks of the runs in docs/PERF.md so far.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD DEV=CUDA PYTHONUNBUFFERED=1 BEAM_MP_CTX=fork  # fork: BEAM workers skip re-importing tinygrad (patch 0001)
+export PYTHONPATH=/tmp/site:$PWD DEV=CUDA PYTHONUNBUFFERED=1  # BEAM workers: kernel_cache.search_defaults() (forkserver)
 [ -f /tmp/vocab.gguf ] || xz -dc .dev/vocab.gguf.xz > /tmp/vocab.gguf  # carried compressed: the carry is capped at 64 MiB
 if [ -n "${MODEL:-}" ]; then
   M=${MODELS_DIR:-/tmp/models}/$MODEL.gguf

@@ -58,11 +58,13 @@ async def stream(s: aiohttp.ClientSession, url: str, prompt: list[int], n: int) 
       usage = ev.get("usage") or usage
       predicted = (ev.get("timings") or {}).get("predicted_n", predicted)  # llama-server's own count
       for c in ev.get("choices", []):
-        if c.get("text"): chunks, first, last = chunks + 1, first or now, now
+        # a token's chunk may carry no text (llama-server holds back an incomplete UTF-8 sequence, and random token ids
+        # make many): every chunk of a token counts for its timing, the last one (finish_reason only) does not
+        if c.get("finish_reason") is None: chunks, first, last = chunks + 1, first or now, now
         finish = c.get("finish_reason") or finish
   # tokens: the usage counts; else llama.cpp's timings; else one chunk per token (llama-server sends each token)
   tokens = usage["completion_tokens"] if usage else predicted if predicted is not None else chunks
-  if first is None: raise RuntimeError(f"{url}: a stream ended without text (finish_reason {finish})")
+  if first is None: raise RuntimeError(f"{url}: a stream ended without a token (finish_reason {finish})")
   return {"start": t0, "first": first, "last": last, "tokens": tokens, "finish": finish}
 
 async def rounds(url: str, n: int, n_rounds: int, tokens: int, prompt_tokens: int, vocab: int, rng) -> list[list[dict]]:
@@ -116,8 +118,11 @@ def main():
   cmd = [sys.executable, "-m", "orin_llm", "serve", "--model", args.model, "--port", str(args.port), "--queue-size", str(max(16, *ns)),
          "--max-batch", str(args.max_batch or max(ns))]
   proc = start(cmd + (["--config", args.config] if args.config else []), url, logs / "orin-llm.log", args.timeout)
-  try: res["ours"] = measure(url, args, ns, vocab, rng)
+  try:
+    res["ours"] = measure(url, args, ns, vocab, rng)
+    print_table(res, ns)  # printed at once: a later failure keeps these on the console
   finally: stop(proc)
+  save(res, args.json)  # ours kept even if llama-server's part fails
   if args.llama_server:
     res["llama_cpp"], url = {}, f"http://127.0.0.1:{args.port + 1}"
     for n in ns:  # -np N slots of 4096 tokens each: N requests decode together (continuous batching)
@@ -125,11 +130,16 @@ def main():
              "--host", "127.0.0.1", "--port", str(args.port + 1)]
       proc = start(cmd, url, logs / f"llama-server-np{n}.log", args.timeout)
       try: res["llama_cpp"][n] = measure(url, args, [n], vocab, rng)[n]
+      except RuntimeError as e: print(f"load_bench: llama-server -np {n}: {e}", file=sys.stderr)
       finally: stop(proc)
-    res["ratio"] = {f"aggregate_n{n}": res["ours"][n]["aggregate_tok_s"] / res["llama_cpp"][n]["aggregate_tok_s"] for n in ns}
+      save(res, args.json)
+    res["ratio"] = {f"aggregate_n{n}": res["ours"][n]["aggregate_tok_s"] / res["llama_cpp"][n]["aggregate_tok_s"] for n in ns if n in res["llama_cpp"]}
   print_table(res, ns)
-  if args.json:
-    with open(args.json, "w") as f: json.dump(res, f, indent=1)
+  save(res, args.json)
+
+def save(res: dict, path: str | None):
+  if path:
+    with open(path, "w") as f: json.dump(res, f, indent=1)
 
 def print_table(res: dict, ns: list[int]):
   print(f"load bench: {os.path.basename(res['model'])}, {res['tokens']} tokens per stream after {res['prompt_tokens']} prompt tokens, "

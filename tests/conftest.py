@@ -1,4 +1,4 @@
-import os, pathlib, zlib
+import logging, os, pathlib, sys, types, zlib
 import numpy as np
 import pytest
 
@@ -17,8 +17,6 @@ QWEN_VOCAB = SHARED / "ggml-vocab-qwen2.gguf"
 SEED = int(os.environ.get("ORIN_TEST_SEED") or np.random.SeedSequence().entropy % (1 << 32))
 
 def pytest_report_header(config): return f"ORIN_TEST_SEED={SEED} (random models and inputs; set it to replay this run)"
-def pytest_terminal_summary(terminalreporter):  # also under -q, which leaves out the header
-  terminalreporter.write_line(f"ORIN_TEST_SEED={SEED} (random models and inputs; set it to replay this run)")
 
 def seed_for(what: str) -> int:
   """The seed of one draw (a synthetic model, a test's inputs), from the run's seed and the draw's name."""
@@ -29,3 +27,63 @@ def seed_for(what: str) -> int:
 def rng(request):
   """A test's random inputs (seed_for its id)."""
   return np.random.default_rng(seed_for(request.node.nodeid))
+
+# ------------------------------------------------------------------ hostile clients (issue 23): test_hostile.py, test_fuzz.py
+FUZZ_COUNTS: dict[str, str] = {}  # fuzzer -> what it ran, printed at the end of the run (so CI's log shows it)
+
+def pytest_terminal_summary(terminalreporter):
+  terminalreporter.write_line(f"ORIN_TEST_SEED={SEED} (random models and inputs; set it to replay this run)")  # also under -q
+  if FUZZ_COUNTS:
+    terminalreporter.write_sep("-", "fuzz cases")
+    for name, what in FUZZ_COUNTS.items(): terminalreporter.write_line(f"{name}: {what}")
+
+HOSTILE_KEY = "hostile-key"
+# Llama 3's markup, and bombs that go off for one message content each (the sample conversation at load has none)
+BOMB_TEMPLATE = (
+  "{{ bos_token }}{% for m in messages %}"
+  "{% if m.content == 'BOMB-LOOP' %}{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+  "{% elif m.content == 'BOMB-MEM' %}{% set a = 'x' * 100000 %}{% set ns = namespace(d={}) %}"
+  "{% for i in range(3000) %}{% set ns.d = dict(ns.d, **{(i|string): a ~ i}) %}{% endfor %}"
+  "{% elif m.content == 'BOMB-OUT' %}{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}"
+  "{% elif m.content == 'BOMB-FORMAT' %}{{ '{:>1500000000}'.format('x') }}{% endif %}"
+  "{{ '<|start_header_id|>' + m.role + '<|end_header_id|>\n\n' + m.content + '<|eot_id|>' }}{% endfor %}"
+  "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+
+def write_hostile_model(directory: pathlib.Path) -> pathlib.Path:
+  """The synthetic model of test_server.py (its kernels are cached already), with BOMB_TEMPLATE as its chat template."""
+  import gguf
+  from gguf import GGMLQuantizationType as QT
+  from orin_llm.gguf_file import GGUFFile
+  from orin_llm.synth import write_model, preset
+  md, vocab = GGUFFile(LLAMA_VOCAB).metadata, directory / "vocab.gguf"
+  w = gguf.GGUFWriter(str(vocab), "llama")
+  w.add_tokenizer_model(md["tokenizer.ggml.model"]); w.add_tokenizer_pre(md["tokenizer.ggml.pre"]); w.add_token_list(md["tokenizer.ggml.tokens"])
+  w.add_token_types(md["tokenizer.ggml.token_type"]); w.add_token_merges(md["tokenizer.ggml.merges"])
+  for k in ("bos", "eos"): w.add_uint32(f"tokenizer.ggml.{k}_token_id", md[f"tokenizer.ggml.{k}_token_id"])
+  w.add_chat_template(BOMB_TEMPLATE)
+  w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+  return write_model(directory / "hostile.gguf", preset("tiny-llama"), QT.Q4_K, vocab, seed=0, types={"token_embd.weight": QT.Q8_0})
+
+class LogCollector(logging.Handler):
+  """Every record of the server's process; problems(): errors and anything with a traceback."""
+  def __init__(self):
+    super().__init__(logging.DEBUG)
+    self.records: list[logging.LogRecord] = []
+  def emit(self, record): self.records.append(record)
+  def problems(self, since: int = 0) -> list[str]:
+    return [self.format(r) for r in self.records[since:] if r.levelno >= logging.ERROR or r.exc_info]
+
+@pytest.fixture(scope="session")
+def hostile(tmp_path_factory):
+  """A server with tight limits on a model with a booby-trapped template: (base URL, config, log collector)."""
+  from test_server import running
+  from orin_llm.server.config import ServerConfig
+  model = write_hostile_model(tmp_path_factory.mktemp("hostile-model"))
+  cfg = ServerConfig(model=str(model), port=0, context_length=256, api_key=HOSTILE_KEY, queue_size=2, max_tokens_default=2, max_batch=2,
+                     max_prompt_tokens=64, max_connections=16, header_timeout=1.0, body_timeout=1.5, keepalive_timeout=2.0,
+                     template_timeout=1.0, template_memory_mb=64, template_max_output=200_000)
+  log = LogCollector()
+  logging.getLogger().addHandler(log)
+  try:
+    with running(cfg) as base: yield types.SimpleNamespace(base=base, cfg=cfg, log=log, key=HOSTILE_KEY)
+  finally: logging.getLogger().removeHandler(log)

@@ -126,6 +126,12 @@ def test_schema_errors(server):
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]},
      "messages[0].tool_calls[0].function.arguments", []),
     ({"prompt": "x", "tools": TOOLS}, "tools", []),
+    ({"messages": msg, "response_format": "json"}, "response_format", []),
+    ({"messages": msg, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}}, "response_format.json_schema.schema", []),
+    ({"messages": msg, "tools": {"type": "function"}}, "tools", []),
+    ({"messages": msg, "tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]}, "tools[0].function.parameters", []),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": 5}]}, "messages[0].tool_calls", []),
+    ({"messages": [{"role": "assistant", "tool_calls": [7]}]}, "messages[0].tool_calls[0]", []),
   ]
   for body, param, words in bad:
     path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"

@@ -1,11 +1,16 @@
 """The HTTP API (aiohttp): OpenAI's /v1/chat/completions, /v1/completions and /v1/models, plus
-/health and /metrics. Requests are checked here, on the event loop; generation runs on the
-engine thread (worker.py). Anything a client sends that is wrong gets OpenAI's error object
-({"error": {"message", "type", "param", "code"}}) with a 4xx status, never a 500."""
+/health and /metrics. Requests are checked here, on the event loop; chat templates and tokenizing run
+in the prompt worker process (chat.PromptWorker, reached through a thread), generation on the engine
+thread (worker.py). Anything a client sends that is wrong gets OpenAI's error object
+({"error": {"message", "type", "param", "code"}}) with a 4xx status, never a 500. ConnectionGuard bounds
+the connections, and how long a client may take to send a request or stay idle."""
 from __future__ import annotations
 import asyncio, hmac, json, logging, os, pathlib, re, time, uuid
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from orin_llm.errors import OrinError
+from orin_llm.tokenizer import TooLong
 from orin_llm.sampling import Sampling
 from orin_llm.server.config import ServerConfig
 from orin_llm.server.metrics import Metrics
@@ -14,15 +19,18 @@ from orin_llm.server.worker import Job, QueueFull, Worker
 logger = logging.getLogger("orin_llm.server")
 MAX_BODY_BYTES = 1 << 20  # far above any prompt that fits a Jetson's context, far below what could hurt
 MAX_STOP = 16
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")  # \ud800-\udfff: valid only in pairs
 
 class APIError(Exception):
   def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None, headers: dict | None = None):
+               code: str | None = None, headers: dict | None = None, close: bool = False):
     super().__init__(message)
-    self.status, self.message, self.type, self.param, self.code, self.headers = status, message, type, param, code, headers
+    self.status, self.message, self.type, self.param, self.code, self.headers, self.close = status, message, type, param, code, headers, close
   def response(self) -> web.Response:
-    return web.json_response({"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}},
-                             status=self.status, headers=self.headers)
+    r = web.json_response(self.body(), status=self.status, headers=self.headers)
+    if self.close: r.force_close()  # Connection: close
+    return r
+  def body(self) -> dict: return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 class Server:
   """What the handlers share: configuration, the engine thread, metrics, the model's name and chat template."""
@@ -31,7 +39,8 @@ class Server:
     self.model_id = pathlib.Path(cfg.model).name.removesuffix(".gguf")
     self.created = int(os.path.getmtime(cfg.model))
     self.stopping = False
-    self._template = None
+    self.prompts = None  # chat.PromptWorker, made when the model is loaded (cli.serve)
+    self.guard = ConnectionGuard(cfg.max_connections, cfg.header_timeout, cfg.keepalive_timeout)
     self._grammars = self._tool_format = None
 
   def ready(self):
@@ -41,11 +50,25 @@ class Server:
       raise APIError(503, f"the model is not ready yet ({self.worker.state})", "server_error", code="model_not_ready", headers={"Retry-After": "5"})
     return self.worker.engine, self.worker.tok
 
-  def template(self):
-    if self._template is None:
-      from orin_llm.chat import ChatTemplate
-      self._template = ChatTemplate.from_metadata(self.worker.engine.file.metadata)
-    return self._template
+  def max_prompt(self, eng) -> int:
+    """Prompt tokens a request may have: max_prompt_tokens, and never more than the context holds with one new token."""
+    cap = self.cfg.max_prompt_tokens
+    return min(cap, eng.max_context - 1) if cap is not None else eng.max_context - 1
+
+  def too_long(self, eng, n: int, exact: bool = True) -> str:
+    cap = self.cfg.max_prompt_tokens
+    why = f"max_prompt_tokens = {cap}" if cap is not None and cap < eng.max_context - 1 else \
+          f"the context holds {eng.max_context}: prompt plus at least one new token"
+    return f"the prompt has {n}{'' if exact else ' or more'} tokens, over this server's limit of {self.max_prompt(eng)} ({why})"
+
+  async def prompt_ids(self, eng, param: str, op: str, *args, **kw) -> list[int]:
+    """Token ids from the prompt worker (op: "chat" renders messages and tokenizes them, "encode" tokenizes a raw
+    prompt), in a thread: neither templates nor the tokenizer (which holds the GIL for ~0.6 s a MiB) run on the
+    event loop, and the worker's bounds (time, memory, output) come back as 400s."""
+    limit = self.max_prompt(eng)
+    try: return await asyncio.to_thread(getattr(self.prompts, op), *args, max_tokens=limit, **kw)
+    except TooLong as e: raise APIError(400, self.too_long(eng, e.tokens, False), param=param, code="context_length_exceeded") from None
+    except OrinError as e: raise APIError(400, str(e), param=param, code="template_error" if op == "chat" else None) from None
 
   def grammars(self):
     """llguidance's vocabulary of the model (structured.Grammars), built on first use."""
@@ -57,11 +80,141 @@ class Server:
   def tool_format(self):
     """The tool-call family of the model's chat template (structured.tool_format)."""
     if self._tool_format is None:
+      from orin_llm.chat import ChatTemplate
       from orin_llm.structured import tool_format
-      self._tool_format = tool_format(self.template().source, self.grammars())
+      self._tool_format = tool_format(ChatTemplate.parts(self.worker.engine.file.metadata)[0], self.grammars())
     return self._tool_format
 
 SERVER = web.AppKey("server", Server)
+
+# ---------------------------------------------------------------------- connections
+_REASONS = {408: "Request Timeout", 503: "Service Unavailable"}
+
+def _canned(status: int, message: str, code: str, extra: str = "") -> bytes:
+  """A whole HTTP response written straight to a connection aiohttp never saw a request on (or never will)."""
+  body = json.dumps(APIError(status, message, "server_error" if status >= 500 else "invalid_request_error", code=code).body()).encode()
+  return (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}"
+          f"Connection: close\r\n\r\n").encode() + body
+
+class _Conn(asyncio.Protocol):
+  """One connection, between the event loop and aiohttp's handler for it (inner). States: idle (between requests),
+  header (a request's first bytes came, its headers did not yet), body (the handler waits for the body), busy."""
+  def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol):
+    self.guard, self.inner, self.transport, self.open = guard, inner, None, False
+    self.state, self.since = "idle", time.monotonic()
+  def set(self, state: str):
+    self.state, self.since = state, time.monotonic()
+  def connection_made(self, transport):
+    self.transport = transport
+    if not self.guard.admit(self):
+      transport.write(self.guard.refusal)
+      transport.close()
+      return
+    self.open = True
+    self.inner.connection_made(transport)
+  def data_received(self, data):
+    if not self.open: return
+    if self.state == "idle": self.set("header")
+    self.inner.data_received(data)
+  def eof_received(self): return self.inner.eof_received() if self.open else None
+  def connection_lost(self, exc):
+    self.guard.forget(self)
+    if self.open: self.inner.connection_lost(exc)
+  def pause_writing(self):
+    if self.open: self.inner.pause_writing()
+  def resume_writing(self):
+    if self.open: self.inner.resume_writing()
+
+class _Handler(RequestHandler):
+  """aiohttp's handler of a connection, answering requests it cannot parse (a bad header, request line, chunk) with
+  OpenAI's error object and no traceback in the log (aiohttp's own: text/plain and logger.exception, every time)."""
+  def handle_error(self, request, status=500, exc=None, message=None):
+    if status >= 500: return super().handle_error(request, status, exc, message)
+    why = (str(exc) if exc is not None else message or "").strip().splitlines() or ["malformed request"]
+    logger.debug("bad HTTP request from %s: %s", request.remote, why[0])
+    if request.writer.output_size > 0: raise ConnectionError("a response was sent already")
+    r = APIError(status, f"bad HTTP request: {why[0][:200]}", code="bad_request").response()
+    r.force_close()
+    return r
+  def log_exception(self, *args, **kw):
+    # a body left unread (a 401, say) is drained before the next request, and a bad one (chunks, Content-Encoding)
+    # fails there: the client's error, one line at debug level; anything else keeps its traceback
+    exc = kw.get("exc_info")
+    if isinstance(exc, (HttpProcessingError, RequestPayloadError)):
+      logger.debug("bad HTTP request: %s", (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+    else: super().log_exception(*args, **kw)
+
+def handler_factory(server):
+  """A new _Handler for aiohttp's web.Server, as its __call__ makes a RequestHandler (its own, where it has changed)."""
+  try: return _Handler(server, loop=server._loop, **server._kwargs)
+  except (AttributeError, TypeError): return server()
+
+class ConnectionGuard:
+  """What aiohttp does not bound (issue 23: half-sent requests stayed open for minutes, and ~1000 of them ran the
+  process out of file descriptors, /health included): a request's headers must arrive within header_timeout
+  (else 408 and close), a connection may idle keepalive_timeout between requests, and at most `limit` are open.
+  A connection past the limit takes the place of the one that has waited longest for its headers or body, or
+  else has idled longest; only when every one is busy with a request is it refused (503, Retry-After). So a crowd
+  of slow clients cannot keep /health, or anyone, out."""
+  def __init__(self, limit: int, header_timeout: float, keepalive_timeout: float):
+    self.limit, self.header_timeout, self.keepalive_timeout = limit, header_timeout, keepalive_timeout
+    self.conns: dict[object, _Conn] = {}
+    self.counts = {"refused": 0, "evicted": 0, "timed_out": 0}
+    self._logged, self._task = dict(self.counts), None
+    self.refusal = _canned(503, f"too many connections (max_connections = {limit}), all busy; try again later", "too_many_connections", "Retry-After: 1\r\n")
+    self.timeout = _canned(408, f"the request headers did not arrive within {header_timeout:g} s (header_timeout)", "request_timeout")
+
+  def protocol(self, inner: asyncio.Protocol) -> _Conn: return _Conn(self, inner)
+  def conn(self, request: web.Request) -> _Conn | None: return self.conns.get(request.transport)
+
+  def admit(self, c: _Conn) -> bool:
+    if len(self.conns) >= self.limit:
+      victim = min((x for x in self.conns.values() if x.state != "busy"), key=lambda x: (x.state == "idle", x.since), default=None)
+      if victim is None:
+        self.counts["refused"] += 1
+        return False
+      self.counts["evicted"] += 1
+      self._drop(victim, abort=victim.state != "idle")
+    self.conns[c.transport] = c
+    return True
+
+  def _drop(self, c: _Conn, abort: bool = False, reply: bytes | None = None):
+    self.conns.pop(c.transport, None)
+    if reply is not None: c.transport.write(reply)
+    if abort: c.transport.abort()
+    else: c.transport.close()
+
+  def forget(self, c: _Conn): self.conns.pop(c.transport, None)
+
+  def sweep(self, now: float):
+    for c in list(self.conns.values()):
+      if c.state == "header" and now - c.since > self.header_timeout:
+        self.counts["timed_out"] += 1
+        self._drop(c, reply=self.timeout)
+      elif c.state == "idle" and now - c.since > self.keepalive_timeout: self._drop(c)
+    if self.counts != self._logged:  # one line a sweep at most, and only when something happened
+      d = {k: v - self._logged[k] for k, v in self.counts.items() if v != self._logged[k]}
+      logger.warning("connections: " + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in d.items()) +
+                     f" ({len(self.conns)} open, max_connections = {self.limit})")
+      self._logged = dict(self.counts)
+
+  async def run(self):
+    tick = max(0.05, min(1.0, self.header_timeout / 4, self.keepalive_timeout / 4))
+    while True:
+      await asyncio.sleep(tick)
+      self.sweep(time.monotonic())
+
+  def start(self): self._task = asyncio.get_running_loop().create_task(self.run())
+  def stop(self):
+    if self._task is not None: self._task.cancel()
+
+@web.middleware
+async def connection_state(request: web.Request, handler):
+  c = request.app[SERVER].guard.conn(request)
+  if c is None: return await handler(request)
+  c.set("busy")
+  try: return await handler(request)
+  finally: c.set("idle")
 
 # ---------------------------------------------------------------------- middleware
 @web.middleware
@@ -76,7 +229,11 @@ async def errors_and_metrics(request: web.Request, handler):
     return resp
   except APIError as e:
     status = e.status
-    return e.response()
+    r = e.response()
+    if e.close and request.transport is not None:  # sent now and closed: aiohttp would wait (up to 10 s) for the rest of the body
+      await r.prepare(request); await r.write_eof()
+      request.transport.close()
+    return r
   except web.HTTPException as e:  # aiohttp's own: 404, 405, 413 (body over client_max_size), ...
     status = e.status
     if e.status < 400: raise
@@ -97,18 +254,50 @@ async def auth(request: web.Request, handler):
   if key and request.path.startswith("/v1/"):
     got = request.headers.get("Authorization", "")
     scheme, _, token = got.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+    # aiohttp hands header bytes that are not UTF-8 over as surrogate escapes: compared as the bytes they were
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("utf-8", "surrogateescape"), key.encode()):
       raise APIError(401, "missing or incorrect API key (send 'Authorization: Bearer <key>')", code="invalid_api_key",
                      headers={"WWW-Authenticate": "Bearer"})
   return await handler(request)
 
 # ---------------------------------------------------------------------- request checks
+MAX_DEPTH = 64  # nesting of arrays and objects in a body (JSON schemas of tools included); json.loads fails near 1000
+
+def _check_values(body) -> str | None:
+  """What is wrong with the body's values, walked without recursion: nesting past MAX_DEPTH, or a string with a lone
+  UTF-16 surrogate (JSON may escape half a pair, \\ud800: no text, and the tokenizer fails on it)."""
+  todo = [(body, 1)]
+  while todo:
+    x, depth = todo.pop()
+    if depth > MAX_DEPTH: return f"the body is nested over {MAX_DEPTH} deep"
+    if isinstance(x, str):
+      try: x.encode("utf-8")
+      except UnicodeEncodeError as e: return f"the body holds a lone UTF-16 surrogate ({x[e.start]!r}): strings must be valid Unicode"
+    elif isinstance(x, dict): todo += [(k, depth) for k in x] + [(v, depth + 1) for v in x.values()]
+    elif isinstance(x, list): todo += [(v, depth + 1) for v in x]
+  return None
+
 async def _body(request: web.Request) -> dict:
+  srv = request.app[SERVER]
   if request.content_length is not None and request.content_length > MAX_BODY_BYTES: raise web.HTTPRequestEntityTooLarge(MAX_BODY_BYTES, request.content_length)
-  raw = await request.read()
+  c = srv.guard.conn(request)
+  if c is not None: c.set("body")  # a slow body: the guard may drop this connection for a new one
+  try:
+    async with asyncio.timeout(srv.cfg.body_timeout): raw = await request.read()
+  except TimeoutError:
+    raise APIError(408, f"the request body did not arrive within {srv.cfg.body_timeout:g} s (body_timeout)", code="request_timeout", close=True) from None
+  except RequestPayloadError as e:  # bad chunked framing, a Content-Encoding that does not decode
+    why = (str(e.__cause__ or e).strip().splitlines() or ["unreadable"])[0]
+    raise APIError(400, f"the request body cannot be read: {why[:200]}", close=True) from None
+  finally:
+    if c is not None: c.set("busy")
   try: body = json.loads(raw)
   except (ValueError, UnicodeDecodeError) as e: raise APIError(400, f"the body is not valid JSON: {e}") from None
+  except RecursionError: raise APIError(400, f"the body is nested over {MAX_DEPTH} deep") from None
   if not isinstance(body, dict): raise APIError(400, "the body must be a JSON object")
+  # only a body with more brackets than MAX_DEPTH can nest deeper, only one with a \\udXXX escape hold a surrogate
+  if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH or _SURROGATE_ESCAPE.search(raw):
+    if (why := await asyncio.to_thread(_check_values, body)) is not None: raise APIError(400, why)
   return body
 
 _TYPES = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", dict: "an object", list: "an array"}
@@ -127,7 +316,8 @@ def _check_model(srv: Server, body: dict):
     raise APIError(404, f"the model {m!r} does not exist (this server has {srv.model_id!r})", param="model", code="model_not_found")
 
 def _generation(srv: Server, eng, body: dict, prompt: list[int], param: str, chat: bool) -> dict:
-  """The fields that steer generation, checked; the prompt checked against the context."""
+  """The fields that steer generation, checked; the prompt checked against the context and max_prompt_tokens."""
+  if len(prompt) > srv.max_prompt(eng): raise APIError(400, srv.too_long(eng, len(prompt)), param=param, code="context_length_exceeded")
   try: eng.check_prompt(prompt)
   except OrinError as e: raise APIError(400, str(e), param=param, code="context_length_exceeded") from None
   lim = eng.max_context
@@ -137,8 +327,9 @@ def _generation(srv: Server, eng, body: dict, prompt: list[int], param: str, cha
   _field(body, "n", int, 1, lambda v: v == 1, "1 (one choice per request)")
   temperature = _field(body, "temperature", float, 1.0, lambda v: 0 <= v <= 2, "a number in 0..2")
   top_p = _field(body, "top_p", float, 1.0, lambda v: 0 < v <= 1, "a number in (0, 1]")
-  top_k = _field(body, "top_k", int, 0, lambda v: v >= 0, "an integer >= 0")
-  seed = _field(body, "seed", int, None)
+  # bounded: the engine takes them as float32 (float(10**400) is an OverflowError)
+  top_k = _field(body, "top_k", int, 0, lambda v: 0 <= v < 1 << 31, "an integer in 0..2147483647")
+  seed = _field(body, "seed", int, None, lambda v: -(1 << 63) <= v < 1 << 64, "a 64-bit integer")
   if seed is None: seed = int.from_bytes(os.urandom(3), "little")
   stop = body.get("stop")
   if stop is None: stop = []
@@ -357,10 +548,8 @@ async def chat_completions(request: web.Request):
   _check_model(srv, body)
   msgs = _messages(body)
   st = _structured_chat(srv, body, msgs)
-  try: text = srv.template().render(st["messages"], **st["template"])
-  except OrinError as e: raise APIError(400, str(e), param="messages") from None
-  bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else None
-  ids = tok.encode(text, bos=False if bos and text.startswith(bos) else None)  # the template wrote BOS itself
+  # message content tokenized as text (chat.ChatTemplate.encode); tools and enable_thinking go to the template
+  ids = await srv.prompt_ids(eng, "messages", "chat", st["messages"], **st["template"])
   g = _generation(srv, eng, body, ids, "messages", True)
   if st["grammar"] is not None: g["constraint"] = await _constraint(srv, *st["grammar"][:3])
   return await _run(request, srv, ids, g, True, tools=st["tools"])
@@ -372,7 +561,7 @@ async def completions(request: web.Request):
   _check_model(srv, body)
   p = body.get("prompt")
   if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)): p = p[0]  # a batch of one
-  if isinstance(p, str): ids = tok.encode(p)
+  if isinstance(p, str): ids = await srv.prompt_ids(eng, "prompt", "encode", p)
   elif isinstance(p, list) and p and all(isinstance(i, int) and not isinstance(i, bool) for i in p):
     if not all(0 <= i < tok.vocab_size for i in p): raise APIError(400, f"prompt token ids must be in 0..{tok.vocab_size - 1}", param="prompt")
     ids = p
@@ -414,7 +603,7 @@ async def metrics(request: web.Request):
   return web.Response(body=m.render(), headers={"Content-Type": m.content_type})
 
 def make_app(srv: Server) -> web.Application:
-  app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[errors_and_metrics, auth])
+  app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[connection_state, errors_and_metrics, auth])
   app[SERVER] = srv
   app.router.add_post("/v1/chat/completions", chat_completions)
   app.router.add_post("/v1/completions", completions)

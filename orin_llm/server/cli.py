@@ -6,6 +6,7 @@ import argparse, asyncio, logging, os, signal
 from orin_llm.errors import OrinError
 
 STOP_GRACE = 30.0
+FD_RESERVE = 128  # file descriptors besides connections: the model, kernel caches, the compiler's pipes, the prompt worker
 logger = logging.getLogger("orin_llm.server")
 
 def add_parser(sub):
@@ -37,6 +38,29 @@ def engine_alive(worker, max_age: float) -> bool:
   from orin_llm.kernel_cache import COUNTER
   return worker.alive(max_age) or (worker.thread.is_alive() and COUNTER.progressed(max_age))
 
+def file_limit(cfg):
+  """Enough file descriptors for max_connections: the soft limit raised toward the hard one where needed (systemd
+  gives 1024 by default; at that limit accept() failed and the API went down, /health included)."""
+  import resource
+  need = cfg.max_connections + FD_RESERVE
+  soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+  if soft != resource.RLIM_INFINITY and soft < need:
+    want = need if hard == resource.RLIM_INFINITY else min(hard, need)
+    try: resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard)); soft = want
+    except (ValueError, OSError): pass  # e.g. over the kernel's nr_open
+  if soft != resource.RLIM_INFINITY and soft < need:
+    raise OrinError(f"max_connections = {cfg.max_connections} needs {need} file descriptors, but the limit is {soft} "
+                    f"(systemd: LimitNOFILE=); lower max_connections or raise the limit")
+
+def prompt_worker(cfg, eng, tok):
+  """The chat template and tokenizer worker process (chat.PromptWorker), with the configured bounds; a template
+  that exceeds them on a sample conversation stops the start-up."""
+  from orin_llm.chat import PromptWorker
+  w = PromptWorker.from_metadata(eng.file.metadata, tok, timeout=cfg.template_timeout, memory_mb=cfg.template_memory_mb,
+                                 max_output=cfg.template_max_output, content_as_text=not cfg.parse_special_in_content)
+  if w.error: logger.warning(f"{w.error}: chat requests will get 400 (completions work)")
+  return w
+
 def load_engine(cfg):
   """The engine and tokenizer of cfg's model, on the engine thread (which opens the device)."""
   from orin_llm.appliance import load
@@ -52,13 +76,24 @@ async def serve(cfg, stop: asyncio.Event | None = None, on_listening=None, load=
   loop, stop = asyncio.get_running_loop(), stop or asyncio.Event()
   def on_status(state: str, text: str):  # called on the engine thread
     systemd.notify(("READY=1\n" if state == "ready" else "") + "STATUS=" + text)
+  file_limit(cfg)
   metrics = Metrics()
-  worker = Worker(lambda: load(cfg), cfg.queue_size, metrics, on_status)
+  def loaded():  # on the engine thread: the model, then the prompt worker for its template and tokenizer
+    eng, tok = load(cfg)
+    srv.prompts = prompt_worker(cfg, eng, tok)
+    return eng, tok
+  worker = Worker(loaded, cfg.queue_size, metrics, on_status)
   srv = Server(cfg, worker, metrics)
-  runner = web.AppRunner(make_app(srv), handler_cancellation=True, shutdown_timeout=STOP_GRACE, access_log=None)
+  runner = web.AppRunner(make_app(srv), handler_cancellation=True, shutdown_timeout=STOP_GRACE, access_log=None,
+                         keepalive_timeout=cfg.keepalive_timeout)
   await runner.setup()
+  # every connection goes through the guard (app.ConnectionGuard): timeouts and the connection limit
+  runner._server = guarded = _Guarded(runner.server, srv.guard)
+  if runner.server is not guarded: logger.warning("aiohttp changed: connection limits and header timeouts are not in force")
+  srv.guard.start()
   try: await web.TCPSite(runner, cfg.host, cfg.port).start()
   except OSError as e:
+    srv.guard.stop()
     await runner.cleanup()
     raise OrinError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}") from None
   logger.info("listening on %s", ", ".join(f"http://{a[0]}:{a[1]}" for a in runner.addresses))
@@ -83,14 +118,24 @@ async def serve(cfg, stop: asyncio.Event | None = None, on_listening=None, load=
   if worker.state != "error": logger.info("stopping: waiting up to %.0f s for running requests", STOP_GRACE)
   await runner.cleanup()  # closes the listener, waits for handlers up to shutdown_timeout, then cancels them
   watcher.cancel()
+  srv.guard.stop()
   worker.stop()
   await asyncio.to_thread(worker.thread.join, 5.0)
+  if srv.prompts is not None: srv.prompts.close()
   if worker.failure is not None:
     e = worker.failure
     if not isinstance(e, OrinError): logger.error("loading failed", exc_info=e)
     raise OrinError(str(e) if isinstance(e, OrinError) else f"loading the model failed: {type(e).__name__}: {e}")
   logger.info("stopped")
   return worker
+
+class _Guarded:
+  """aiohttp's protocol factory (web.Server), each connection it makes wrapped by the guard; the rest passes through."""
+  def __init__(self, server, guard): self._inner, self._guard = server, guard
+  def __call__(self):
+    from orin_llm.server.app import handler_factory
+    return self._guard.protocol(handler_factory(self._inner))
+  def __getattr__(self, name): return getattr(self._inner, name)
 
 def cmd_serve(args: argparse.Namespace):
   from orin_llm.server import config, systemd

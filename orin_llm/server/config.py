@@ -24,9 +24,20 @@ class ServerConfig:
   kernel_cache_directory: str | None = None  # [kernel_cache] directory: kernel databases and repacked planes (None: settings.cache_dir())
   kernel_cache_shipped: str | None = None    # [kernel_cache] shipped: read-only prebuilt database (file or directory), copied in when missing
   hugepages: str | None = None         # "auto" | "off": host staging buffers in huge pages (hostmem.py); None: $ORIN_LLM_HUGEPAGES, else auto
+  # limits (docs/SERVER.md, "Limits and hardening")
+  max_prompt_tokens: int | None = None # prompt tokens a request may have; None: what the context holds (context - 1)
+  max_connections: int = 256           # open connections; past it the slowest idle one is dropped, else 503
+  header_timeout: float = 10.0         # seconds from a request's first byte to the end of its headers
+  body_timeout: float = 30.0           # seconds to receive a request's body
+  keepalive_timeout: float = 15.0      # seconds a connection may stay open between requests
+  template_timeout: float = 5.0        # seconds to render a chat template and tokenize a prompt (worker process)
+  template_memory_mb: int = 256        # MiB of address space the worker may add to what it starts with
+  template_max_output: int = 4 << 20   # characters of a rendered prompt, and of any string a template builds
+  parse_special_in_content: bool = False  # true: control tokens written in messages are parsed (the old behaviour)
 
 # key in the file -> (field, accepted types, check of the value or None, what the check wants)
 def _positive(v): return v > 0
+def _seconds(v): return 0 < v <= 3600
 _KEYS = {
   "model": ("model", str, None, ""), "host": ("host", str, bool, "a non-empty string"),
   "port": ("port", int, lambda v: 1 <= v <= 65535, "an integer in 1..65535"),
@@ -38,21 +49,30 @@ _KEYS = {
   "speculative": ("speculative", str, lambda v: v in ("off", "ngram"), '"off" or "ngram"'),
   "draft_model": ("draft_model", str, bool, "a non-empty string"),
   "hugepages": ("hugepages", str, lambda v: v in ("auto", "off"), '"auto" or "off"'),
+  "max_prompt_tokens": ("max_prompt_tokens", int, _positive, "a positive integer"),
+  "max_connections": ("max_connections", int, lambda v: 1 <= v <= 1 << 20, "an integer in 1..1048576"),
+  "header_timeout": ("header_timeout", float, _seconds, "a number of seconds in (0, 3600]"),
+  "body_timeout": ("body_timeout", float, _seconds, "a number of seconds in (0, 3600]"),
+  "keepalive_timeout": ("keepalive_timeout", float, _seconds, "a number of seconds in (0, 3600]"),
+  "template_timeout": ("template_timeout", float, _seconds, "a number of seconds in (0, 3600]"),
+  "template_memory_mb": ("template_memory_mb", int, lambda v: 16 <= v <= 1 << 20, "an integer (MiB) >= 16"),
+  "template_max_output": ("template_max_output", int, lambda v: 1024 <= v <= 1 << 30, "an integer (characters) in 1024..2^30"),
+  "parse_special_in_content": ("parse_special_in_content", bool, None, "true or false"),
 }
 _TABLES = {
   "beam": {"width": ("beam_width", int, lambda v: v >= 0, "an integer >= 0"), "workers": ("beam_workers", int, _positive, "a positive integer")},
   "kernel_cache": {"directory": ("kernel_cache_directory", str, bool, "a non-empty string"),
                    "shipped": ("kernel_cache_shipped", str, bool, "a non-empty string")},
 }
-_TYPE_NAMES = {str: "a string", int: "an integer"}
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
 
 def _check(where: str, key: str, value, spec) -> tuple[str, object]:
   name, typ, ok, wants = spec
-  # TOML booleans are ints to Python: refuse them where a number is wanted
-  if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+  # TOML booleans are ints to Python: refuse them where a number is wanted; a float key takes integers too
+  if not isinstance(value, (int, float) if typ is float else typ) or (typ in (int, float) and isinstance(value, bool)):
     raise OrinError(f"{where}: {key} must be {wants or _TYPE_NAMES[typ]}, not {type(value).__name__} {value!r}")
   if ok is not None and not ok(value): raise OrinError(f"{where}: {key} must be {wants}, not {value!r}")
-  return name, value
+  return name, float(value) if typ is float else value
 
 def from_toml(path: str | pathlib.Path) -> ServerConfig:
   try: data = tomllib.loads(pathlib.Path(path).read_text())
