@@ -146,15 +146,12 @@ in
               `orin-llm` user.
             '';
           };
-          host = mkOption {
-            type = types.str;
-            default = "127.0.0.1";
-            description = "Address the HTTP API listens on.";
-          };
-          port = mkOption {
-            type = types.port;
-            default = 8080;
-            description = "TCP port of the HTTP API.";
+          host = mkOption { type = types.str; default = "127.0.0.1"; description = "Address the HTTP API listens on."; };
+          port = mkOption { type = types.port; default = 8080; description = "TCP port of the HTTP API."; };
+          max_batch = mkOption {
+            type = types.ints.between 1 64;
+            default = 4;
+            description = "Requests generating at once, each in a KV-cache slot of `context_length` tokens (continuous batching).";
           };
           beam.width = mkOption {
             type = types.ints.unsigned;

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 class NgramDraft:
   """Proposals from the text so far: after the last n tokens (n from max_n down to min_n), what followed their
   most recent earlier occurrence. The index of n-gram -> position after it grows as the text does."""
-  def __init__(self, max_n: int = 3, min_n: int = 1):
+  def __init__(self, max_n: int = 3, min_n: int = 2):  # a lone repeated token is weak evidence: its proposals mostly fail
     self.max_n, self.min_n = max_n, min_n
     self.index: dict[tuple, int] = {}
     self.tokens: list[int] = []

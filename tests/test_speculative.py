@@ -18,7 +18,8 @@ def test_ngram_proposals():
   assert d.propose(t, 3) == [8, 9, 1]  # "6 7" was followed by "8 9 1"
   assert d.propose(t + [8, 4, 6, 7], 2) == [8, 4]  # the newest occurrence of "6 7" wins (and the index grew)
   assert d.propose([1, 2, 3], 4) == []
-  assert NgramDraft().propose([3, 3], 5) == [3]  # what is known after the last "3": one token
+  assert NgramDraft(min_n=1).propose([3, 3], 5) == [3]  # what is known after the last "3": one token
+  assert NgramDraft().propose([4, 3, 5, 3], 5) == []  # a single token's match is not used by default (min_n=2)
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
