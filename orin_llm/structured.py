@@ -3,8 +3,10 @@
 Grammars are llguidance's (the engine llama.cpp, vLLM and SGLang use: Rust, an Earley parser over
 lexemes, a token trie, a numpy bitmask per step, no torch). Its vocabulary is built from the GGUF
 file's through our tokenizer (`Grammars`), so that a token's bytes are the bytes we decode it to.
-A `Constraint` is one generation's grammar state and the engine's hook (Engine.generate(constraint=)):
-before each token it gives the allowed-token bitmask, after it takes the chosen token.
+A `Constraint` is one generation's grammar state and the engine's hook: before each token it gives the
+allowed-token bitmask (mask_words), after it takes the chosen token (advance). The engine takes the bitmasks
+through callbacks (Engine.prefill_chunks(mask=), Engine.decode(masks=); the server's scheduler, worker.py) or
+drives a Constraint itself (Engine.generate(constraint=)).
 
 Tool calls follow the model's own format, chosen by its chat template (`tool_format`):
 - "llama3" (LLaMA 3.1/3.2 templates): the whole answer is `{"name": ..., "parameters": {...}}`,
@@ -28,11 +30,9 @@ class GrammarError(OrinError):
 WHITESPACE = r"(?: |\n{1,2}[ \t]{0,20})?"
 
 def whitespace() -> dict:
-  """llguidance's JSON options for WHITESPACE. Before 1.8 a whitespace_pattern could repeat without bound: there,
-  no whitespace at all (compact JSON)."""
-  import llguidance
-  v = tuple(int(x) for x in re.findall(r"\d+", getattr(llguidance, "__version__", "0"))[:2])
-  return {"whitespace_pattern": WHITESPACE} if v >= (1, 8) else {"whitespace_flexible": False}
+  """llguidance's JSON options for WHITESPACE (from llguidance 1.8, which matches the pattern once where whitespace
+  may go; 1.7 repeated it without bound, and its matcher stops differently: pyproject asks for 1.8)."""
+  return {"whitespace_pattern": WHITESPACE}
 
 def _ll():
   try: import llguidance, llguidance.numpy
@@ -96,7 +96,7 @@ class Constraint:
   def __init__(self, matcher, n_vocab: int):
     self.m, self.n_vocab = matcher, n_vocab
     self._mask = np.full((1, (n_vocab + 31) // 32), -1, np.int32)
-    self.done, self.tokens = False, 0
+    self.done = False
   def mask_words(self) -> np.ndarray | None:
     import llguidance.numpy as lln
     lln.fill_next_token_bitmask(self.m, self._mask)
@@ -107,7 +107,6 @@ class Constraint:
   def advance(self, token_id: int) -> bool:
     if not self.m.consume_token(int(token_id)):
       raise OrinError(f"constrained decoding: token {token_id} is not allowed here ({_first_line(self.m.get_error())})")
-    self.tokens += 1
     self.done = self.m.is_stopped()
     return self.done
   def allowed(self, token_id: int) -> bool:
