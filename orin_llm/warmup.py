@@ -41,7 +41,7 @@ def warm_up(eng, beat=lambda: None, progress: bool = False):
       for slot in range(1, B): eng.prefill(slot, prompt[slot:slot + 5], s)
       for _ in range(2): eng.decode(list(range(B)), 2)
       for _ in range(2): eng.decode(list(range(B)), 1, masks=lambda: {0: allow.mask_words()})
-    eng.set_mask(0, None)
+      eng.set_mask(0, None)  # or the next batch size's plain decode would run (and compile) only the masked choice
   drafts = []
   t0 = time.monotonic()
   for k, (s, i) in enumerate(rounds):

@@ -275,3 +275,19 @@ def test_engine_constrained_choices(engine, rng):
     engine.reset()
     out = list(engine.generate(prompt, 120, Sampling(1.0, 0, 0.95, seed), tok.stop_ids, constraint=c))
     jsonschema.validate(json.loads(tok.decode(out)), schema)
+
+def test_warm_up_captures_masked_and_plain_choices(tmp_path):
+  """The warm-up runs every choice step a server may need: plain and masked, greedy and sampled, alone and in each
+  batch size (a mask left set on a slot must not turn a batch's plain decode into the masked one)."""
+  from gguf import GGMLQuantizationType as QT
+  from orin_llm.synth import write_model, preset
+  from orin_llm.engine import Engine
+  from orin_llm.warmup import warm_up
+  from vocab_files import DATA
+  path = write_model(tmp_path / "m.gguf", preset("tiny-llama", n_layers=1), QT.Q4_K, DATA / "ggml-vocab-llama-bpe.gguf", vocab_size=2048)
+  eng = Engine(path, max_context=128, chunk=16, max_batch=3)
+  warm_up(eng)
+  want = {f"choose-{rows}-{kind}{m}" for rows in ["one"] + [f"batch{b}" for b in eng.batch_sizes]
+          for kind in ("greedy", "sampled") for m in ("", "-masked")}
+  assert want <= set(eng.steps.jits), sorted(want - set(eng.steps.jits))
+  assert not eng.masked_slots
