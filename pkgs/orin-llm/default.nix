@@ -39,6 +39,7 @@ python3Packages.buildPythonApplication {
     jinja2
     aiohttp
     prometheus-client
+    llguidance # JSON-schema output and tool calls (orin_llm/structured.py); pyproject asks for >= 1.8
     tinygrad
   ];
   # The `systemd` extra (systemd-python) is left out: orin_llm.server speaks sd_notify itself without
