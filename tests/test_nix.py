@@ -131,7 +131,7 @@ def test_package_expressions(nix_env):
   assert len(cpu["substitutions"]) == 3
   app = out["orinLlmCuda"]
   assert app["pname"] == "orin-llm" and app["version"] == "0.1.0"
-  assert {"numpy", "gguf", "tokenizers", "jinja2", "aiohttp", "prometheus-client", "tinygrad"} <= set(app["dependencies"])
+  assert {"numpy", "gguf", "tokenizers", "jinja2", "aiohttp", "prometheus-client", "llguidance", "tinygrad"} <= set(app["dependencies"])
   # the wrapper sets the default device only: the library paths live in tinygrad's source
   assert app["makeWrapperArgs"] == ["--set-default", "DEV", "CUDA"]
   assert out["orinLlmCpu"]["makeWrapperArgs"] == ["--set-default", "DEV", "CPU"]

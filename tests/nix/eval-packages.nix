@@ -40,6 +40,7 @@ let
     jinja2 = fakePackage "jinja2";
     aiohttp = fakePackage "aiohttp";
     prometheus-client = fakePackage "prometheus-client";
+    llguidance = fakePackage "llguidance";
   };
   cudaPackages = lib.genAttrs [
     "cuda_nvrtc"
