@@ -23,6 +23,14 @@ def seed_for(what: str) -> int:
   print(f"{what}: ORIN_TEST_SEED={SEED}")
   return int(np.random.SeedSequence([SEED, zlib.crc32(what.encode())]).generate_state(1)[0])
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+  """Each test leaves the environment as it found it: commands run in-process (serve, prewarm, bench) set tinygrad's
+  BEAM settings in os.environ (kernel_cache.search_defaults), which later tests' subprocesses would inherit."""
+  saved = dict(os.environ)
+  yield
+  if os.environ != saved: os.environ.clear(); os.environ.update(saved)
+
 @pytest.fixture
 def rng(request):
   """A test's random inputs (seed_for its id)."""

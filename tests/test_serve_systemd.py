@@ -1,5 +1,5 @@
-"""What `orin-llm serve` does differently under systemd than prewarm: BEAM workers start with spawn
-whatever the environment says, and the watchdog keeps being fed while the engine thread is inside a
+"""What `orin-llm serve` does differently under systemd than prewarm: BEAM workers never fork from the server
+(a fork server, or spawn where asked), and the watchdog keeps being fed while the engine thread is inside a
 kernel compile or BEAM search that makes progress."""
 import logging, os, pathlib, subprocess, sys, threading, time
 
@@ -9,12 +9,15 @@ def test_serve_spawns_beam_workers(monkeypatch, caplog):
   from orin_llm.server.cli import spawn_beam_workers
   monkeypatch.setenv("BEAM_MP_CTX", "fork")
   with caplog.at_level(logging.WARNING, logger="orin_llm.server"): spawn_beam_workers()
-  assert os.environ["BEAM_MP_CTX"] == "spawn"
+  assert os.environ["BEAM_MP_CTX"] == "forkserver"
   assert [r.getMessage() for r in caplog.records if "BEAM_MP_CTX=fork ignored" in r.getMessage()]
   caplog.clear()
   monkeypatch.delenv("BEAM_MP_CTX")
   spawn_beam_workers()
-  assert os.environ["BEAM_MP_CTX"] == "spawn" and not caplog.records  # nothing asked for fork: nothing to say
+  assert os.environ["BEAM_MP_CTX"] == "forkserver" and not caplog.records  # the default: nothing to say
+  monkeypatch.setenv("BEAM_MP_CTX", "spawn")
+  spawn_beam_workers()
+  assert os.environ["BEAM_MP_CTX"] == "spawn" and not caplog.records  # asked for, and safe: kept
 
 class FakeWorker:
   def __init__(self, alive: bool):
