@@ -167,8 +167,7 @@ def ours_of(ours: dict, key: str) -> float | None:
 
 def cmd_bench(args):
   settings.apply(beam=args.beam)
-  from orin_llm import kernel_cache
-  kernel_cache.search_defaults()  # the server's BEAM search settings (forkserver workers, bounds), where unset
+  settings.search_defaults()  # the server's BEAM search settings (forkserver workers, bounds), where unset
   model = settings.model_path(args)
   from orin_llm.engine import Engine, DEFAULT_LOOKAHEAD
   def ints(v, flag, default):

@@ -205,29 +205,3 @@ class Counter:
     except Exception: return 0  # counting must never break compiling
 
 COUNTER = Counter()
-
-# ---------------------------------------------------------------- BEAM search settings
-
-# tinygrad's BEAM knobs (pkgs/tinygrad patches 0007-0011) as prewarm, serve and bench set them, each only where the
-# environment does not. Measured once (H100, 2026-11-23, docs/PERF.md "fifth session"): with a limit of 8 s and 3 rounds
-# per kernel, a 1B model's ~100 kernels took more than 400 s and decode ran at 0.67x llama.cpp (the attention kernels'
-# reductions over 256 keys got poor splits: exp(s - max) @ V 74 us a layer where a full search found 19 us for blocks of
-# 32). Kernels timed under ~40 us on the H100 sit at the timer's floor and gained at most 20 us from any search. Until a
-# search that is both short and good is measured, these favour speed: small kernels take the hand-coded opts, large ones
-# are searched without a round limit for up to a minute each.
-SEARCH_DEFAULTS = {
-  "BEAM_MP_CTX": "forkserver",  # workers fork from a fresh single-threaded server: no lock of ours inherited (issue 25's hang), no re-import
-  "BEAM_FROM_HEURISTIC": "1",   # the hand-coded opts (patch 0003) are timed first and start the search: never ends slower than them
-  "BEAM_MIN_US": "40",          # a kernel under 40 us with the hand-coded opts is not searched (norms, element-wise, small reductions)
-  "BEAM_MAX_ROUNDS": "0",       # no round limit (each round adds one opt to the beam's members)
-  "BEAM_TIME_LIMIT": "60",      # seconds per kernel; the best so far is kept
-  "BEAM_RETIME": "3",           # the 3 best and the heuristic timed again 10 times on the full grid, caches cleared: a steadier pick
-}
-
-def search_defaults() -> dict[str, str]:
-  """Puts SEARCH_DEFAULTS into os.environ where unset and returns those it set. Call it before tinygrad's first
-  BEAM search or worker pool: tinygrad reads each of these once (its getenv is cached), and BEAM workers
-  inherit the environment."""
-  added = {k: v for k, v in SEARCH_DEFAULTS.items() if k not in os.environ}
-  os.environ.update(added)
-  return added

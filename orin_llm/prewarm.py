@@ -2,7 +2,7 @@
 that the kernel database chosen for this model and GPU (kernel_cache.py) holds their compiled programs
 and, with --beam, their BEAM search results, and the captured steps are kept (step_cache.py).
 
-BEAM settings: kernel_cache.search_defaults() (forkserver workers, a search from the heuristic, bounded),
+BEAM settings: settings.search_defaults() (forkserver workers, a search from the heuristic, bounded),
 each unless the environment sets it. Progress: search_progress.py."""
 from __future__ import annotations
 import argparse, os, time
@@ -37,7 +37,7 @@ def cmd_prewarm(args):
   config.apply(cfg)  # [beam] width (when set) and workers, hugepages, the cache directory
   settings.apply(beam=args.beam, cache=cfg.kernel_cache_directory or True)
   from orin_llm import search_progress
-  kernel_cache.search_defaults()  # forkserver workers and the search's bounds, before tinygrad's first search or worker pool
+  settings.search_defaults()  # forkserver workers and the search's bounds, before tinygrad's first search or worker pool
   search_progress.install()
   cfg = replace(cfg, model=str(settings.model_path(argparse.Namespace(model=cfg.model))))
   t0 = time.monotonic()

@@ -1,18 +1,18 @@
-"""kernel_cache.search_defaults() and orin_llm/search_progress.py: prewarm's BEAM settings and its progress line."""
+"""settings.search_defaults() and orin_llm/search_progress.py: prewarm's BEAM settings and its progress line."""
 import io, logging, os, subprocess, sys, textwrap, pathlib
-from orin_llm import kernel_cache
+from orin_llm import settings
 from orin_llm.search_progress import Progress
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 def test_search_defaults_keep_what_the_environment_sets(monkeypatch):
-  for k in kernel_cache.SEARCH_DEFAULTS: monkeypatch.delenv(k, raising=False)
+  for k in settings.SEARCH_DEFAULTS: monkeypatch.delenv(k, raising=False)
   monkeypatch.setenv("BEAM_MIN_US", "99")
-  added = kernel_cache.search_defaults()
+  added = settings.search_defaults()
   assert os.environ["BEAM_MIN_US"] == "99" and "BEAM_MIN_US" not in added
   assert os.environ["BEAM_MP_CTX"] == "forkserver" and os.environ["BEAM_FROM_HEURISTIC"] == "1"
-  assert set(added) == set(kernel_cache.SEARCH_DEFAULTS) - {"BEAM_MIN_US"}
-  assert kernel_cache.search_defaults() == {}
+  assert set(added) == set(settings.SEARCH_DEFAULTS) - {"BEAM_MIN_US"}
+  assert settings.search_defaults() == {}
 
 class Clock:
   def __init__(self): self.t = 100.0

@@ -26,8 +26,8 @@ def spawn_beam_workers():
   """serve never forks BEAM workers from itself: it runs threads (the event loop's, the engine's) and CUDA, where a
   forked worker can deadlock (patch 0001). Its workers come from a fork server (patch 0007: a fresh single-threaded
   process that imported tinygrad once), or are spawned where the environment asks for spawn."""
-  from orin_llm import kernel_cache
-  kernel_cache.search_defaults()  # BEAM workers, search bounds: before tinygrad's first search or worker pool
+  from orin_llm import settings
+  settings.search_defaults()  # BEAM workers, search bounds: before tinygrad's first search or worker pool
   if (ctx := os.environ.get("BEAM_MP_CTX")) not in ("spawn", "forkserver"):
     logger.warning("BEAM_MP_CTX=%s ignored: serve starts BEAM workers from a fork server (fork can deadlock a process with threads and CUDA)", ctx)
     os.environ["BEAM_MP_CTX"] = "forkserver"
