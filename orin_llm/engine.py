@@ -21,20 +21,21 @@ from dataclasses import dataclass, field
 from typing import Iterator
 import numpy as np
 from tinygrad import Tensor, TinyJit, UOp, dtypes, Device
+from tinygrad.dtype import _to_np_dtype
 from tinygrad.helpers import GlobalCounters
 from orin_llm.errors import OrinError
 from orin_llm.loader import open_model, load_weights
-from orin_llm.model import Transformer, Rows, fused_groups, KV_BLOCK
+from orin_llm.model import Transformer, Rows, fused_groups, ROW_BLOCK
 from orin_llm.sampling import Sampling, greedy, masked, sample
 from orin_llm import log
 
 DEFAULT_CONTEXT = 4096
-# prompt tokens per prefill step. On a GPU, chunks of 512 rows run the weights as float16 matrix products on tensor
-# cores (quant.MATMUL_ROWS; H200, pp512 at BEAM=0: 8030 tok/s against 7187 with chunks of 256, docs/PERF.md), at the
-# price that a short prompt would cost a whole padded chunk: prompts, and the tail of a long one, of at most
-# SMALL_CHUNK_MAX tokens run in chunks of SMALL_CHUNK rows instead, whose weights are dequantized inside the product
-# as decode's are. Where the device has no tensor cores to feed (tinygrad's CPU backend), small chunks only.
-DEFAULT_CHUNK, NO_TC_CHUNK, SMALL_CHUNK, SMALL_CHUNK_MAX = 512, 32, 32, 256
+# prompt tokens per prefill step. On a GPU, chunks run the weights as float16 matrix products on tensor cores
+# (quant.MATMUL_ROWS). A chunk of 512 rows took 28.2 ms, one of 32 rows 6.2 ms (H100, 1B Q6_K, docs/PERF.md, sixth
+# session): prompts, and the tail of a long one, of at most SMALL_CHUNK_MAX tokens run in chunks of SMALL_CHUNK rows,
+# so that time to first token grows with the prompt. Where the device has no tensor cores to feed (tinygrad's CPU
+# backend), chunks of NO_TC_CHUNK rows, below MATMUL_ROWS: their weights are dequantized inside the product, as decode's.
+DEFAULT_CHUNK, NO_TC_CHUNK, SMALL_CHUNK, SMALL_CHUNK_MAX = 512, 16, 32, 128
 # decode steps queued before the host reads their tokens: the host needs ~0.3 ms to queue a step (H200, docs/PERF.md),
 # which overlaps the device's work only while steps are queued; 8 tokens arrive together (~13 ms at 600 tok/s)
 DEFAULT_LOOKAHEAD = 8
@@ -100,7 +101,7 @@ class Engine:
     self.v_len = UOp.variable("chunk_len", 1, self.chunk)
     self.v_row = UOp.variable("hist_row", 0, HIST - 1)
     self.v_rows = [UOp.variable(f"pos{b}", 0, self.max_context) for b in range(max(self.batch_sizes, default=0))]
-    self.v_blocks = UOp.variable("blocks", 1, self.model.capacity // KV_BLOCK)
+    self.v_blocks = UOp.variable("blocks", 1, self.model.capacity // ROW_BLOCK)
     self.steps = Steps(self)
     # the steps a start with this cache captured before (step_cache.py): nothing to schedule or capture
     from orin_llm import step_cache
@@ -142,25 +143,39 @@ class Engine:
 
   @staticmethod
   def _copy_in(buf: Tensor, start: int, values: np.ndarray):
-    """buf.flat[start:start+len(values)] = values as a plain host-to-device copy. A slice assign would compile
-    a kernel for each length and offset: a BEAM search inside a request for every new prompt length."""
-    from tinygrad.device import Buffer
+    """buf.flat[start:start+len(values)] = values as a plain host-to-device copy, straight through the allocator, queued
+    behind the steps queued before it. A slice assign would compile a kernel for each length and offset (a BEAM
+    search inside a request for every new prompt length); Buffer.copy_from builds and runs a graph, 0.45 ms of host
+    time a call, which a constrained request paid on every token (twice: the token and its mask)."""
     b = buf.uop.buffer
     assert values.dtype.itemsize == b.dtype.itemsize
-    src = Buffer("PYTHON", len(values), b.dtype, opaque=memoryview(bytearray(np.ascontiguousarray(values).tobytes())))
-    b.view(len(values), b.dtype, start * b.dtype.itemsize).ensure_allocated().copy_from(src)
+    v = b.view(len(values), b.dtype, start * b.dtype.itemsize).ensure_allocated()
+    v.allocator._copyin(v._buf, memoryview(np.ascontiguousarray(values)).cast("B"))
+
+  @staticmethod
+  def _copy_out(buf: Tensor, count: int) -> np.ndarray:
+    """The first count elements of a realized state buffer, flat, once the steps queued before have run: one copy
+    straight from the allocator. A Tensor slice's .numpy() schedules a copy kernel on every call: 2.4 ms of host
+    time (tinygrad CPU), paid per decode call, and per token by a constrained request."""
+    b = buf.uop.buffer
+    out = np.empty(count, _to_np_dtype(b.dtype))
+    v = b.view(count, b.dtype, 0).ensure_allocated()
+    v.allocator._copyout(memoryview(out).cast("B"), v._buf)
+    return out
+
+  def _hist(self, n: int) -> np.ndarray:
+    """The first n rows of the token history, (n, slots)."""
+    W = self.state.hist.shape[1]
+    return self._copy_out(self.state.hist, n * W).reshape(n, W)
 
   def set_mask(self, slot: int, words: np.ndarray | None):
-    """The slot's allowed-token bitmask (structured.Constraint.mask_words; None: every token). Copied straight through
-    the allocator: _copy_in's Buffer.copy_from builds a graph, a few ms of host time on every constrained token."""
+    """The slot's allowed-token bitmask (structured.Constraint.mask_words; None: every token)."""
     if words is None:
       if slot not in self.masked_slots: return
       self.masked_slots.discard(slot)
       words = np.full(self.state.mask.shape[1], 0xFFFFFFFF, np.uint32)
     else: self.masked_slots.add(slot)
-    b, W = self.state.mask.uop.buffer, self.state.mask.shape[1]
-    v = b.view(W, b.dtype, slot * W * b.dtype.itemsize).ensure_allocated()
-    v.allocator._copyin(v._buf, memoryview(np.ascontiguousarray(words, np.uint32)).cast("B"))
+    self._copy_in(self.state.mask, slot * self.state.mask.shape[1], np.asarray(words, np.uint32))
 
   def _masks(self, masks, rows) -> bool:
     """Sets the bitmasks masks() returns ({slot: words or None}), once the model step is queued: the host computes them
@@ -209,7 +224,7 @@ class Engine:
   def first_token(self, slot: int) -> int:
     """The token the slot's prefill chose (waits for the device)."""
     s = self.slots[slot]
-    if s.next is None: s.next = int(self.state.next_tok[slot].item())
+    if s.next is None: s.next = int(self._copy_out(self.state.next_tok, slot + 1)[slot])
     return s.next
 
   def prefill(self, slot: int, tokens: list[int], sampling: Sampling = Sampling(), mask=None) -> int:
@@ -236,7 +251,7 @@ class Engine:
         step(self.v_pos.bind(base + i), self.v_slot.bind(s), self.v_len.bind(1))
         choose = self.steps.choose("one", greedy_only, self._masks(masks, [s]))
         choose(self.v_pos.bind(base + i + 1), self.v_slot.bind(s), self.v_row.bind(i))
-      out = self.state.hist[0:n, s].numpy().reshape(n, 1)
+      out = self._hist(n)[:, s:s + 1]
     else:
       B = next(b for b in self.batch_sizes if b > max(slots))
       self._copy_in(self.state.next_tok, 0, np.array([self.slots[b].next or 0 for b in range(B)], np.int32))
@@ -245,11 +260,11 @@ class Engine:
       base = [min(len(self.slots[b].cached), self.max_context - n) for b in range(B)]
       for i in range(n):
         var = [v.bind(p + i) for v, p in zip(self.v_rows, base)]
-        blocks = self.v_blocks.bind((max(base) + i + 1 + KV_BLOCK - 1) // KV_BLOCK)
+        blocks = self.v_blocks.bind((max(base) + i + 1 + ROW_BLOCK - 1) // ROW_BLOCK)
         step(*var, blocks)
         choose = self.steps.choose(f"batch{B}", greedy_only, self._masks(masks, slots))  # idle rows: all ones, or stale
         choose(*[v.bind(p + i + 1) for v, p in zip(self.v_rows, base)], self.v_row.bind(i))
-      out = self.state.hist[0:n, 0:B].numpy()[:, slots]
+      out = self._hist(n)[:, slots]
     for j, s in enumerate(slots):
       c = self.slots[s]
       c.cached, c.next = c.cached + [c.next] + out[:n - 1, j].tolist(), int(out[n - 1, j])
@@ -272,7 +287,7 @@ class Engine:
     greedy_only = s.sampling is None or s.sampling.greedy
     self.steps.verify(K)(self.v_pos.bind(pos), self.v_slot.bind(slot))
     self.steps.choose(f"verify{K}", greedy_only)(self.v_pos.bind(pos), self.v_slot.bind(slot))
-    chosen = self.state.hist[0:K, slot].numpy()[:len(rows)].tolist()
+    chosen = self._hist(K)[:len(rows), slot].tolist()
     a = 0
     while a < len(proposals) and proposals[a] == chosen[a]: a += 1
     s.cached, s.next = s.cached + rows[:a + 1], chosen[a]

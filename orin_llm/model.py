@@ -24,15 +24,26 @@ from tinygrad import Tensor, UOp, dtypes
 from orin_llm.config import ModelConfig
 from orin_llm import quant
 
-# Keys are attended in blocks of KV_BLOCK positions: the attention's reductions run over (KV_BLOCK, blocks) with
-# KV_BLOCK a constant that the kernel optimizer spreads over threads, and only the block count symbolic. Each
-# thread then walks (position + 1) / KV_BLOCK blocks in turn, and the threads' partial maxima and sums are combined
-# by the reduction itself (flash-decoding's split of the keys, with the split chosen by BEAM). With blocks of 32 a
-# thread walked 128 blocks at depth 4096 and decode lost 41% of its speed there (H100, docs/PERF.md); with 256 it
-# walks 16. The cost is the last block's masked tail: at most 255 keys computed and thrown away, every step.
+# Keys are attended in blocks, and only the block count is symbolic: a reduction over a symbolic range runs serially
+# in each thread, one memory latency a step, so the steps a thread walks must grow slowly with the context.
+# A prefill chunk's scores take blocks of KV_BLOCK keys, a constant axis for the tensor cores (attend_chunk).
+# Decode and verify rows take blocks of ROW_BLOCK keys, each split into SEGMENTS interleaved segments of SEGMENT keys
+# (flash-decoding's split, attend_rows): a thread reduces its segment's keys (a constant count, unrolled) in each block
+# in turn, and a second reduction over the constant segment axis combines the segments' maxima and sums. Left to the
+# kernel optimizer instead (a GROUP over 256 key lanes), a bounded BEAM search did not find the split: 120 us a layer
+# (H100, docs/PERF.md). Long blocks cost their masked tail: up to ROW_BLOCK-1 keys read and thrown away, every step.
 KV_BLOCK = 256
+SEGMENTS, SEGMENT = 32, 8
+ROW_BLOCK = SEGMENTS * SEGMENT
+# the score of a masked key: finite, so that a segment with no visible key (its maximum this value) gives exp(0) = 1
+# for its keys, sums of finite values, which its weight exp(MASKED - max) = 0 then removes; -inf would give NaN there
+MASKED = -1e30
 
-def kv_capacity(max_context: int) -> int: return -(-max_context // KV_BLOCK) * KV_BLOCK
+def kv_capacity(max_context: int) -> int:
+  """Rows of the KV cache: the context rounded up to whole blocks of either form."""
+  b = max(KV_BLOCK, ROW_BLOCK)
+  assert b % KV_BLOCK == 0 and b % ROW_BLOCK == 0
+  return -(-max_context // b) * b
 
 def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
   return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * w
@@ -65,7 +76,10 @@ class Rows:
   def __post_init__(self): assert self.T == 1 or len(self.starts) == 1, "several sequences decode one token each"
   @property
   def B(self) -> int: return len(self.starts)
-  def blocks(self): return self.nb if self.nb is not None else (self.starts[0] + self.T + KV_BLOCK - 1) // KV_BLOCK
+  def blocks(self, size: int):
+    """Blocks of `size` keys that hold every key the rows attend to."""
+    if self.nb is not None: assert size == ROW_BLOCK, "several sequences attend as decode rows do"; return self.nb
+    return (self.starts[0] + self.T + size - 1) // size
   def gather(self, table: Tensor) -> Tensor:
     """table[start_b + t] for every row, (B*T, ...): a slice per sequence at its symbolic start."""
     parts = [table[s:s + self.T] for s in self.starts]
@@ -130,30 +144,39 @@ class Block:
     slot0 = rows.slot if B == 1 else 0
     stores = [self.cache[s:s + T, slot0 + b:slot0 + b + 1].uop.store(new[b].uop) for b, s in enumerate(rows.starts)]
     cache = Tensor(self.cache.uop.after(*stores))
-    nb = rows.blocks()
-    kv = cache[0:nb * KV_BLOCK, slot0:slot0 + B]  # (L, B, 2, kv_heads, head_dim)
+    matrix = quant.as_matrix(T)
+    size = KV_BLOCK if matrix else ROW_BLOCK
+    nb = rows.blocks(size)
+    kv = cache[0:nb * size, slot0:slot0 + B]  # (L, B, 2, kv_heads, head_dim)
     g = c.n_heads // c.n_kv_heads
     q = q.reshape(B, T, c.n_kv_heads, g, c.head_dim).permute(0, 2, 3, 1, 4)  # (B, kv_heads, g, T, head_dim)
     qpos = rows.gather(pos).reshape(B, T)
     scale = 1.0 / math.sqrt(c.head_dim)
-    if quant.as_matrix(T): out = self.attend_chunk(q, kv, nb, pos, qpos, scale)
+    if matrix: out = self.attend_chunk(q, kv, nb, pos, qpos, scale)
     else: out = self.attend_rows(q, kv, nb, pos, qpos, scale)  # (B, kv_heads, g, T, head_dim)
     return self.wo(out.permute(0, 3, 1, 2, 4).reshape(N, c.n_heads * c.head_dim))
 
   # Both attention forms divide by the softmax's denominator after the product with V, which exp(s - max) feeds.
 
   def attend_rows(self, q: Tensor, kv: Tensor, nb, pos: Tensor, qpos: Tensor, scale: float) -> Tensor:
-    """Few query rows (decode, verify): the reductions over keys run over (KV_BLOCK, nb), the probabilities are
-    never written out, and the denominator comes out of the product with V as a column of ones appended to V."""
+    """Few query rows (decode, verify): split over the keys as flash-decoding does. Per segment of keys (key
+    (j * SEGMENTS + s) * KB + k is key k of segment s in block j, KB = SEGMENT): the maximum, and the
+    exp-weighted sum of V with a column of ones appended, which gives the softmax's denominator; then the segments
+    are combined, each weighted by exp(its max - the overall max). The probabilities are never written out."""
     B, KV, g, T, D = q.shape
-    # (B, kv_heads, KV_BLOCK, nb, head_dim): the symbolic block count inside, so that tinygrad keeps it apart from the
-    # constant KV_BLOCK axis (merged, they make one symbolic range that no thread split applies to)
-    blocked = lambda t: t.reshape(nb, KV_BLOCK, B, KV, D).permute(2, 3, 1, 0, 4).float()
+    S, KB = SEGMENTS, SEGMENT
+    # (B, kv_heads, nb, S, KB, head_dim): the symbolic block count and the keys of a segment (both reduced) kept apart
+    # by the segment axis, so that tinygrad cannot merge them into one symbolic range, which it runs serially
+    blocked = lambda t: t.reshape(nb, S, KB, B, KV, D).permute(3, 4, 0, 1, 2, 5).float()
     keys, vals = blocked(kv[:, :, 0]), blocked(kv[:, :, 1])
-    scores = (q.reshape(B, KV, g, T, 1, 1, D) * keys.reshape(B, KV, 1, 1, KV_BLOCK, nb, D)).sum(-1)  # (B, KV, g, T, KV_BLOCK, nb)
-    e = softmax_numerator(scores, nb, pos, qpos.reshape(B, 1, 1, T, 1, 1), scale)
-    vals1 = vals.pad(((0, 0), (0, 0), (0, 0), (0, 0), (0, 1)), value=1.0).reshape(B, KV, 1, 1, KV_BLOCK, nb, D + 1)
-    acc = (e.unsqueeze(-1) * vals1).sum((-3, -2))  # (B, KV, g, T, D + 1)
+    scores = (q.reshape(B, KV, g, T, 1, 1, 1, D) * keys.reshape(B, KV, 1, 1, nb, S, KB, D)).sum(-1)  # (B, KV, g, T, nb, S, KB)
+    kpos = pos[0:nb * ROW_BLOCK].reshape(nb, S, KB)
+    scores = (kpos <= qpos.reshape(B, 1, 1, T, 1, 1, 1)).where(scores * scale, MASKED)
+    m = scores.max((-3, -1), keepdim=True)  # (B, KV, g, T, 1, S, 1): each segment's maximum
+    vals1 = vals.pad(((0, 0), (0, 0), (0, 0), (0, 0), (0, 0), (0, 1)), value=1.0).reshape(B, KV, 1, 1, nb, S, KB, D + 1)
+    part = ((scores - m).exp().unsqueeze(-1) * vals1).sum((-4, -2))  # (B, KV, g, T, S, D + 1)
+    m = m.reshape(B, KV, g, T, S, 1)
+    acc = (part * (m - m.max(-2, keepdim=True)).exp()).sum(-2)  # (B, KV, g, T, D + 1)
     return acc[..., :D] / acc[..., D:]
 
   def attend_chunk(self, q: Tensor, kv: Tensor, nb, pos: Tensor, qpos: Tensor, scale: float) -> Tensor:

@@ -181,8 +181,9 @@ def dequantize(planes: dict[str, Tensor], qtype: QT) -> Tensor:
   raise ValueError(f"unsupported tensor type {qtype.name}")
 
 # rows of input from which a weight is applied as a float16 matrix product on tensor cores rather than dequantized
-# inside the reduction (QuantWeight.__call__); the prefill chunk sizes around it are measured in docs/PERF.md
-MATMUL_ROWS = 64
+# inside the reduction (QuantWeight.__call__). A chunk of 32 rows took 12.8 ms dequantizing inside, 6.2 ms as
+# matrices (H100, 1B Q6_K, docs/PERF.md, sixth session); decode and verify rows (at most 16) stay below it
+MATMUL_ROWS = 32
 
 def as_matrix(rows) -> bool:
   """Whether an input of this many rows (constant) is a prefill chunk, whose products run as float16 matrices."""

@@ -12,6 +12,8 @@ tar xzf ".cache/tinygrad-$TINYGRAD_VERSION.tar.gz" -C "$tmp"
 sh pkgs/tinygrad/apply-patches.sh "$tmp/tinygrad-$TINYGRAD_VERSION"
 python3 -m pip wheel -q --no-deps "$tmp/tinygrad-$TINYGRAD_VERSION" -w .whl
 python3 -m pip download -q --no-deps --only-binary=:all: gguf==0.19.0 -d .whl
+# structured output (issue 24): llguidance's binary wheel is for the stable ABI (cp39-abi3), which the machine's Python takes
+python3 -m pip download -q --no-deps --only-binary=:all: "llguidance==$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("llguidance"))')" -d .whl
 cp ../shared/baseline/* .baseline/
 xz -9e -T0 -c ../shared/data/ggml-vocab-llama-bpe.gguf > .dev/vocab.gguf.xz  # the carry is capped at 64 MiB
 xz -9e -T0 -c ../shared/data/ggml-vocab-qwen2.gguf > .dev/vocab-qwen2.gguf.xz

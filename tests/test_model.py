@@ -4,15 +4,16 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 from orin_llm.engine import Engine
-from orin_llm.model import KV_BLOCK
+from orin_llm.model import KV_BLOCK, ROW_BLOCK
 from orin_llm.synth import write_model, preset
 from reference import Reference, assert_greedy_matches
 from conftest import LLAMA_VOCAB, QWEN_VOCAB, seed_for
 
 VOCAB = 2048
-# every test of a case shares its engine (an engine's steps are compiled and captured once); its context is not a
-# multiple of the attention's key block (model.KV_BLOCK), for test_context_end_and_stale_cache
-CONTEXT = 2 * KV_BLOCK + 13
+# every test of a case shares its engine (an engine's steps are compiled and captured once); its context spans more
+# than one key block of either attention form (model.KV_BLOCK, ROW_BLOCK) and is a multiple of neither, for
+# test_context_end_and_stale_cache
+CONTEXT = ROW_BLOCK + KV_BLOCK + 13
 CASES = {  # name: (preset, main type, per-tensor overrides)
   "llama-q4k": ("tiny-llama", QT.Q4_K, {"token_embd.weight": QT.Q8_0}),
   "llama-q6k": ("tiny-llama", QT.Q6_K, {}),
@@ -107,7 +108,7 @@ def test_lookahead_gives_same_tokens(model, rng):
   assert one == four  # the same compiled step on the same inputs: no excuse for any difference
 
 def test_context_end_and_stale_cache(model, rng):
-  """A context that is not a multiple of the attention's key block (model.KV_BLOCK), filled to its end, then a
+  """A context that is not a multiple of the attention's key blocks (model.KV_BLOCK, ROW_BLOCK), filled to its end, then a
   shorter sequence over the same cache: the masked tail of the last block holds the earlier sequence's keys and
   values, and must not leak into the new one's logits."""
   path, eng = model
