@@ -1,0 +1,65 @@
+"""The two attention forms of model.Block against float64 numpy softmax attention, on random queries and a random
+KV cache: decode rows split over key segments (attend_rows, flash-decoding's split), and a prefill chunk's
+matrix form (attend_chunk). Query positions are drawn at, around and away from multiples of the segment (SEGMENT
+keys) and of the blocks (ROW_BLOCK, KV_BLOCK); the cache past each row's position holds large random values
+(another conversation's keys and values), which the mask must keep out."""
+import math
+import numpy as np
+import pytest
+from tinygrad import Tensor, dtypes
+from orin_llm.model import Block, KV_BLOCK, ROW_BLOCK, SEGMENT, kv_capacity
+
+KV, G, D = 2, 3, 16  # kv heads, query heads per kv head, head dim
+
+def reference(q: np.ndarray, cache: np.ndarray, qpos: np.ndarray, slot0: int) -> np.ndarray:
+  """q (B, KV, g, T, D); cache (L, slots, 2, KV, D); qpos (B, T) -> (B, KV, g, T, D), float64."""
+  B, _, g, T, _ = q.shape
+  out = np.zeros(q.shape)
+  for b in range(B):
+    for t in range(T):
+      n = qpos[b, t] + 1
+      k, v = cache[:n, slot0 + b, 0].astype(np.float64), cache[:n, slot0 + b, 1].astype(np.float64)  # (n, KV, D)
+      for h in range(KV):
+        s = q[b, h, :, t].astype(np.float64) @ k[:, h].T / math.sqrt(D)  # (g, n)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        out[b, h, :, t] = (p / p.sum(-1, keepdims=True)) @ v[:, h]
+  return out
+
+def run(rng, qpos: np.ndarray, rows: bool, slots: int = 1, slot0: int = 0):
+  B, T = qpos.shape
+  L = kv_capacity(int(qpos.max()) + 1)
+  cache = rng.standard_normal((L, slots, 2, KV, D)).astype(np.float16)
+  for b in range(B):  # past each sequence's last position: another sequence's values, large enough to show a leak
+    cache[qpos[b].max() + 1:, slot0 + b] = (rng.standard_normal(cache[qpos[b].max() + 1:, slot0 + b].shape) * 300).astype(np.float16)
+  q = (rng.standard_normal((B, KV, G, T, D)) * 2).astype(np.float32)
+  size = ROW_BLOCK if rows else KV_BLOCK
+  nb = (int(qpos.max()) + 1 + size - 1) // size
+  kv = Tensor(cache)[0:nb * size, slot0:slot0 + B]
+  pos = Tensor(np.arange(L, dtype=np.int32))
+  args = (Tensor(q), kv, nb, pos, Tensor(qpos.astype(np.int32)), 1.0 / math.sqrt(D))
+  got = (Block.attend_rows(None, *args) if rows else Block.attend_chunk(None, *args)).numpy()
+  want = reference(q, cache, qpos, slot0)
+  err = np.abs(got - want).max() / np.abs(want).max()
+  assert err < (2e-3 if rows else 2e-2), (qpos.tolist(), err)  # the chunk multiplies in float16, as llama.cpp does
+
+# single rows at lengths that are and are not multiples of a segment and of a block, one sequence in a later slot
+@pytest.mark.parametrize("length", [1, SEGMENT, SEGMENT + 1, ROW_BLOCK - 1, ROW_BLOCK, ROW_BLOCK + SEGMENT + 3])
+def test_decode_row_split_equals_plain(rng, length):
+  run(rng, np.array([[length - 1]]), rows=True, slots=3, slot0=1)
+
+def test_decode_rows_of_several_sequences(rng):
+  """A batch: rows of different lengths over the same block count, the short ones with whole segments and blocks
+  masked (their maxima the finite MASKED score, their weight 0)."""
+  n = rng.integers(1, 2 * ROW_BLOCK, 3)
+  n[0] = 1
+  run(rng, (n - 1).reshape(3, 1), rows=True, slots=4)
+
+def test_verify_rows(rng):
+  """Several rows of one sequence (speculative decoding's verify step), causal among themselves."""
+  start = int(rng.integers(0, ROW_BLOCK))
+  run(rng, (start + np.arange(5)).reshape(1, 5), rows=True)
+
+def test_chunk_matrix_form(rng):
+  """A prefill chunk of 32 rows from a random start: the float16 matrix form, over a block boundary."""
+  start = int(rng.integers(KV_BLOCK - 32, KV_BLOCK))
+  run(rng, (start + np.arange(32)).reshape(1, 32), rows=False)
