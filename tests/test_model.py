@@ -146,3 +146,20 @@ def test_matmul_prefill_matches_reference(model, rng, monkeypatch, rows):
   assert scratch_bytes(eng)[f"chunk{rows}"] < sum(fp16) / 2, (scratch_bytes(eng), sum(fp16))
   got = list(eng.generate(prompt, 6))  # the prompt's keys and values reused, the last token run again
   assert_greedy_matches(ref, logits, got)
+
+def test_chunk_size_classes_match_reference(model, rng):
+  """The GPU's layout of prefill: a large chunk while more than engine.SMALL_CHUNK_MAX tokens are left, then small
+  chunks (both float16 matrix steps, as on a GPU with tensor cores), against the float64 reference, then decode."""
+  from orin_llm import engine as E
+  path, _ = model
+  if "q4_0" in path.name or "q4_1" in path.name: pytest.skip("two cases cover the path; compiling costs CI time")
+  eng = Engine(path, max_context=CONTEXT, chunk=64)
+  assert eng.chunks == [E.SMALL_CHUNK, 64]
+  prompt = rng.integers(0, VOCAB, E.SMALL_CHUNK_MAX + 64 + int(rng.integers(1, E.SMALL_CHUNK))).tolist()
+  plan = eng.chunk_plan(len(prompt))
+  assert set(plan) == {64, E.SMALL_CHUNK}, plan  # both classes, the last small chunk padded
+  ref = Reference(path)
+  want = ref.run(prompt)
+  next(iter(eng.generate(prompt, 1)))
+  assert rel_err(eng.state.logits[0].numpy(), want) < 1e-2
+  assert_greedy_matches(ref, want, list(eng.generate(prompt, 6)))
