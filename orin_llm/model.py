@@ -33,7 +33,7 @@ from orin_llm import quant
 # kernel optimizer instead (a GROUP over 256 key lanes), a bounded BEAM search did not find the split: 120 us a layer
 # (H100, docs/PERF.md). Long blocks cost their masked tail: up to ROW_BLOCK-1 keys read and thrown away, every step.
 KV_BLOCK = 256
-SEGMENTS, SEGMENT = 32, 8
+SEGMENTS, SEGMENT = 32, 8  # blocks of 1024 (64 x 16) and 512 (32 x 16) decoded slower at every depth (docs/PERF.md)
 ROW_BLOCK = SEGMENTS * SEGMENT
 # the score of a masked key: finite, so that a segment with no visible key (its maximum this value) gives exp(0) = 1
 # for its keys, sums of finite values, which its weight exp(MASKED - max) = 0 then removes; -inf would give NaN there
