@@ -41,8 +41,7 @@ MASKED = -1e30
 
 def kv_capacity(max_context: int) -> int:
   """Rows of the KV cache: the context rounded up to whole blocks of either form."""
-  b = max(KV_BLOCK, ROW_BLOCK)
-  assert b % KV_BLOCK == 0 and b % ROW_BLOCK == 0
+  b = math.lcm(KV_BLOCK, ROW_BLOCK)
   return -(-max_context // b) * b
 
 def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:

@@ -81,6 +81,18 @@ def llama3_rope_factors(head_dim: int, theta: float, factor=32.0, low=1.0, high=
   f = np.where(wavelen < old_ctx / high, 1.0, np.where(wavelen > old_ctx / low, factor, 1.0 / ((1 - smooth) / factor + smooth)))
   return f.astype(np.float32)
 
+def add_tokenizer(w, md: dict):
+  """Writes a vocabulary's tokenizer.* metadata (as gguf_file reads it) into a gguf.GGUFWriter."""
+  for k, v in md.items():
+    if k == "tokenizer.ggml.model": w.add_tokenizer_model(v)
+    elif k == "tokenizer.ggml.pre": w.add_tokenizer_pre(v)
+    elif k == "tokenizer.ggml.tokens": w.add_token_list(v)
+    elif k == "tokenizer.ggml.token_type": w.add_token_types(v)
+    elif k == "tokenizer.ggml.merges": w.add_token_merges(v)
+    elif k == "tokenizer.chat_template": w.add_chat_template(v)
+    elif isinstance(v, bool): w.add_bool(k, v)
+    elif isinstance(v, int): w.add_uint32(k, v)
+
 def write_model(path: str | pathlib.Path, shape: ModelConfig, qtype: QT, vocab_from: str | pathlib.Path, seed: int = 0,
                 types: dict[str, QT] | None = None, vocab_size: int | None = None) -> pathlib.Path:
   """Writes a model file. `types` overrides the tensor type per tensor-name suffix (e.g. {"token_embd.weight": QT.Q8_0}).
@@ -106,15 +118,7 @@ def write_model(path: str | pathlib.Path, shape: ModelConfig, qtype: QT, vocab_f
   w.add_rope_freq_base(shape.rope_theta); w.add_layer_norm_rms_eps(shape.norm_eps); w.add_vocab_size(vocab)
   w.add_rope_dimension_count(shape.head_dim); w.add_key_length(shape.head_dim); w.add_value_length(shape.head_dim)
   w.add_name(f"orin-llm synthetic {a} {qtype.name}"); w.add_file_type(int(_FILE_TYPE.get(qtype, 0)))
-  for k, v in md.items():
-    if k == "tokenizer.ggml.model": w.add_tokenizer_model(v)
-    elif k == "tokenizer.ggml.pre": w.add_tokenizer_pre(v)
-    elif k == "tokenizer.ggml.tokens": w.add_token_list(v)
-    elif k == "tokenizer.ggml.token_type": w.add_token_types(v)
-    elif k == "tokenizer.ggml.merges": w.add_token_merges(v)
-    elif k == "tokenizer.chat_template": w.add_chat_template(v)
-    elif isinstance(v, bool): w.add_bool(k, v)
-    elif isinstance(v, int): w.add_uint32(k, v)
+  add_tokenizer(w, md)
   types, plan = types or {}, []
   shape = replace(shape, vocab_size=vocab, **arch_rules(shape.arch))
   for name, shp in shape.tensor_shapes().items():  # the loader's own list; infos first, data after: one tensor in memory at a time

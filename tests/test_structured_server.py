@@ -24,18 +24,10 @@ FAMILIES = {"llama3": ("tiny-llama", "llama-bpe", "llama3.1.jinja"), "qwen3": ("
 def vocab_file(path: pathlib.Path, vocab: str, template: str) -> pathlib.Path:
   """A vocabulary-only GGUF: the shared vocabulary with its family's tool-call tokens and a chat template."""
   import gguf
+  from orin_llm.synth import add_tokenizer
   md = {**with_tool_tokens(vocab), "tokenizer.chat_template": template}
   w = gguf.GGUFWriter(str(path), "llama")
-  for k, v in md.items():
-    if not k.startswith("tokenizer."): continue
-    if k == "tokenizer.ggml.model": w.add_tokenizer_model(v)
-    elif k == "tokenizer.ggml.pre": w.add_tokenizer_pre(v)
-    elif k == "tokenizer.ggml.tokens": w.add_token_list(v)
-    elif k == "tokenizer.ggml.token_type": w.add_token_types(v)
-    elif k == "tokenizer.ggml.merges": w.add_token_merges(v)
-    elif k == "tokenizer.chat_template": w.add_chat_template(v)
-    elif isinstance(v, bool): w.add_bool(k, v)
-    elif isinstance(v, int): w.add_uint32(k, v)
+  add_tokenizer(w, {k: v for k, v in md.items() if k.startswith("tokenizer.")})
   w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
   return path
 
