@@ -64,6 +64,18 @@ def decode_rates(stamps: list[float], lookahead: int) -> dict:
   return {"tok_s": statistics.median(rates), "tok_s_mean": (len(t) - 1) / (t[-1] - t[0]), "tok_s_min": min(rates),
           "tok_s_max": max(rates), "tokens_timed": len(t)}
 
+def check_ahead(eng, prompt: list[int], n: int = 40):
+  """Decode with the next round's model step queued before the tokens are read (engine.decode's ahead, through
+  hostio's asynchronous copies on CUDA), as generate and the server run it, against plain rounds on this device:
+  the same greedy tokens, or the bench stops."""
+  fast = list(generate(eng, prompt, n, lookahead=4))
+  eng.reset()
+  plain = [eng.prefill(0, prompt)]
+  while len(plain) < n: plain += eng.decode([0], min(4, n - len(plain)))[:, 0].tolist()
+  if fast != plain or not eng.ahead_used:
+    raise OrinError(f"bench: decode with the next step queued ahead gave other tokens than plain decode ({eng.ahead_used} "
+                    f"rounds started ahead): {fast} != {plain}")
+
 def bench_ours(eng, n_tokens: int, prompt_lens: list[int], depths: list[int], lookahead: int) -> dict:
   from tinygrad.helpers import GlobalCounters
   rng = np.random.default_rng(0)
@@ -74,6 +86,7 @@ def bench_ours(eng, n_tokens: int, prompt_lens: list[int], depths: list[int], lo
   for _ in range(3):
     for _ in generate(eng, tokens(eng.chunk + 3), 4, lookahead=2): pass
   compile_s = time.monotonic() - t0
+  check_ahead(eng, tokens(16))
   # prefill: each prompt length from an empty cache, until the first token is on the host (best of 3)
   prefill = {}
   for n in prompt_lens:

@@ -27,6 +27,7 @@ from orin_llm.errors import OrinError
 from orin_llm.loader import open_model, load_weights
 from orin_llm.model import Transformer, Rows, fused_groups, ROW_BLOCK
 from orin_llm.sampling import Sampling, greedy, masked, sample
+from orin_llm.hostio import host_io
 from orin_llm import log
 
 DEFAULT_CONTEXT = 4096
@@ -91,6 +92,11 @@ class Engine:
     # length); the last one of a prompt is padded, so the cache, tables and prompt reach a chunk further
     self.model = Transformer(self.cfg, self.weights, self.max_context, self.device, pad=max(self.chunk, VERIFY_SIZES[-1]), slots=max_batch)
     self.state = RunState(self.model.capacity, max_batch, self.cfg.vocab_size, self.device)
+    self.io = host_io(self.device)
+    # the model step queued ahead by the last decode(ahead=True), for the next round of the same slots: (slots, batch
+    # size, their positions); any other step clears it (it writes the logits that step left)
+    self._ahead: tuple | None = None
+    self.ahead_used = 0  # decode rounds that started from such a step
     self.slots = [Slot() for _ in range(max_batch)]
     self.masked_slots: set[int] = set()  # slots whose mask row is not all ones
     self.batch_sizes = tuple(b for b in BATCH_SIZES if b <= max_batch) + ((max_batch,) if max_batch > 1 and max_batch not in BATCH_SIZES else ())
@@ -124,6 +130,7 @@ class Engine:
   def reset(self, slot: int | None = None):
     """Forgets what the slot (default: every slot) holds: its next prompt runs from position 0."""
     for i in range(len(self.slots)) if slot is None else [slot]: self.slots[i].cached, self.slots[i].next = [], None
+    self._ahead = None
   @property
   def cached(self) -> list[int]:
     """Slot 0's cached tokens (the single-sequence API)."""
@@ -141,27 +148,13 @@ class Engine:
     if len(prompt) >= self.max_context:
       raise OrinError(f"the prompt has {len(prompt)} tokens, but the context holds {self.max_context} (prompt plus at least one new token)")
 
-  @staticmethod
-  def _copy_in(buf: Tensor, start: int, values: np.ndarray):
-    """buf.flat[start:start+len(values)] = values as a plain host-to-device copy, straight through the allocator, queued
-    behind the steps queued before it. A slice assign would compile a kernel for each length and offset (a BEAM
-    search inside a request for every new prompt length); Buffer.copy_from builds and runs a graph, 0.45 ms of host
-    time a call, which a constrained request paid on every token (twice: the token and its mask)."""
-    b = buf.uop.buffer
-    assert values.dtype.itemsize == b.dtype.itemsize
-    v = b.view(len(values), b.dtype, start * b.dtype.itemsize).ensure_allocated()
-    v.allocator._copyin(v._buf, memoryview(np.ascontiguousarray(values)).cast("B"))
+  def _copy_in(self, buf: Tensor, start: int, values: np.ndarray):
+    """buf.flat[start:start+len(values)] = values, queued behind the steps queued before it (hostio.py)."""
+    self.io.upload(buf, start, values)
 
-  @staticmethod
-  def _copy_out(buf: Tensor, count: int) -> np.ndarray:
-    """The first count elements of a realized state buffer, flat, once the steps queued before have run: one copy
-    straight from the allocator. A Tensor slice's .numpy() schedules a copy kernel on every call: 2.4 ms of host
-    time (tinygrad CPU), paid per decode call, and per token by a constrained request."""
-    b = buf.uop.buffer
-    out = np.empty(count, _to_np_dtype(b.dtype))
-    v = b.view(count, b.dtype, 0).ensure_allocated()
-    v.allocator._copyout(memoryview(out).cast("B"), v._buf)
-    return out
+  def _copy_out(self, buf: Tensor, count: int) -> np.ndarray:
+    """The first count elements of a realized state buffer, flat, once the steps queued before have run."""
+    return self.io.read(buf, count)
 
   def _hist(self, n: int) -> np.ndarray:
     """The first n rows of the token history, (n, slots)."""
@@ -213,6 +206,7 @@ class Engine:
     pos = start
     for c in self.chunk_plan(len(tokens) - start):
       n = min(c, len(tokens) - pos)
+      self._ahead = None  # the chunk writes the logits a step queued ahead left
       self.steps.chunk(c)(self.v_pos.bind(pos), self.v_slot.bind(slot), self.v_len.bind(n))
       pos += n
       s.cached = tokens[:pos]
@@ -232,39 +226,58 @@ class Engine:
     for _ in self.prefill_chunks(slot, tokens, sampling, mask): pass
     return self.first_token(slot)
 
-  def decode(self, slots: list[int], n: int, masks=None) -> np.ndarray:
+  def decode(self, slots: list[int], n: int, masks=None, ahead: bool = False) -> np.ndarray:
     """n decode steps for each of the given slots, queued back to back: each slot's input is the token chosen for it
     last (next_tok), at the position after what it caches. Returns the chosen tokens, (n, len(slots)); each slot then
     caches its input and the first n-1 of them. masks (constrained requests; n = 1): a callback giving {slot: bitmask}
-    (_masks), called once the model step is queued."""
+    (_masks), called once the model step is queued.
+    ahead: the caller will likely decode the same slots next. The next round's first model step is queued behind an
+    asynchronous copy of these tokens, before the host waits for them, so that the device runs it while the host
+    reads the tokens, runs the grammar and computes the next mask (hostio.py); the next decode of these slots starts
+    from it, unless another step ran in between. Wasted when the next round differs: the keys and values it wrote
+    lie past what the slots cache."""
     assert 1 <= n <= HIST and slots and (masks is None or n == 1)
     if any(len(self.slots[s].cached) + n > self.max_context for s in slots): raise OrinError("decode past the end of the context")
     assert all(self.slots[s].next is not None for s in slots), "decode needs each slot's last choice (first_token)"
     greedy_only = all(self.slots[s].sampling is None or self.slots[s].sampling.greedy for s in slots)
-    # each step's input is next_tok, which the previous choice wrote; written here from the host's copy first, since a
-    # batch's idle rows choose (and write next_tok) too, for slots that may be joining or waiting to be reused
-    if len(slots) == 1:
+    B = 1 if len(slots) == 1 else next(b for b in self.batch_sizes if b > max(slots))
+    key = (tuple(slots), B, tuple((len(self.slots[s].cached), self.slots[s].next) for s in slots))
+    started, self._ahead = self._ahead == key, None  # step 0's model step is queued already
+    self.ahead_used += started
+    ahead = ahead and all(len(self.slots[s].cached) + n + 1 <= self.max_context for s in slots)
+    W = self.state.hist.shape[1]
+    if B == 1:
       s = slots[0]
-      self._copy_in(self.state.next_tok, s, np.array([self.slots[s].next], np.int32))
+      # each step's input is next_tok, which the previous choice wrote; written here from the host's copy first,
+      # since a batch's idle rows choose (and write next_tok) too, for slots that may be joining or waiting to be reused
+      if not started: self._copy_in(self.state.next_tok, s, np.array([self.slots[s].next], np.int32))
       step, base = self.steps.chunk(1), len(self.slots[s].cached)
+      model = lambda p: step(self.v_pos.bind(p), self.v_slot.bind(s), self.v_len.bind(1))
       for i in range(n):
-        step(self.v_pos.bind(base + i), self.v_slot.bind(s), self.v_len.bind(1))
+        if i or not started: model(base + i)
         choose = self.steps.choose("one", greedy_only, self._masks(masks, [s]))
         choose(self.v_pos.bind(base + i + 1), self.v_slot.bind(s), self.v_row.bind(i))
-      out = self._hist(n)[:, s:s + 1]
+      cols = [s]
     else:
-      B = next(b for b in self.batch_sizes if b > max(slots))
-      self._copy_in(self.state.next_tok, 0, np.array([self.slots[b].next or 0 for b in range(B)], np.int32))
+      if not started: self._copy_in(self.state.next_tok, 0, np.array([self.slots[b].next or 0 for b in range(B)], np.int32))
       step = self.steps.batch(B)
       # rows of idle slots sit at their slot's length: what they write there lies past everything the slot caches
       base = [min(len(self.slots[b].cached), self.max_context - n) for b in range(B)]
+      def model(pos: list[int]):
+        step(*[v.bind(p) for v, p in zip(self.v_rows, pos)], self.v_blocks.bind((max(pos) + 1 + ROW_BLOCK - 1) // ROW_BLOCK))
       for i in range(n):
-        var = [v.bind(p + i) for v, p in zip(self.v_rows, base)]
-        blocks = self.v_blocks.bind((max(base) + i + 1 + ROW_BLOCK - 1) // ROW_BLOCK)
-        step(*var, blocks)
+        if i or not started: model([p + i for p in base])
         choose = self.steps.choose(f"batch{B}", greedy_only, self._masks(masks, slots))  # idle rows: all ones, or stale
         choose(*[v.bind(p + i + 1) for v, p in zip(self.v_rows, base)], self.v_row.bind(i))
-      out = self._hist(n)[:, slots]
+      cols = slots
+    if ahead:
+      self.io.fetch(self.state.hist, n * W)
+      nxt = {s: len(self.slots[s].cached) + n for s in slots}
+      if B == 1: model(nxt[slots[0]])
+      else: model([nxt.get(b, min(len(self.slots[b].cached), self.max_context - 1)) for b in range(B)])
+      out = self.io.wait().reshape(n, W)[:, cols]
+      self._ahead = (tuple(slots), B, tuple((nxt[s], int(out[n - 1, j])) for j, s in enumerate(slots)))
+    else: out = self._hist(n)[:, cols]
     for j, s in enumerate(slots):
       c = self.slots[s]
       c.cached, c.next = c.cached + [c.next] + out[:n - 1, j].tolist(), int(out[n - 1, j])
@@ -285,6 +298,7 @@ class Engine:
     K = next(v for v in VERIFY_SIZES if v >= len(rows))
     self._copy_in(self.state.prompt, pos, np.array(rows + [0] * (K - len(rows)), np.int32))
     greedy_only = s.sampling is None or s.sampling.greedy
+    self._ahead = None
     self.steps.verify(K)(self.v_pos.bind(pos), self.v_slot.bind(slot))
     self.steps.choose(f"verify{K}", greedy_only)(self.v_pos.bind(pos), self.v_slot.bind(slot))
     chosen = self._hist(K)[:len(rows), slot].tolist()
@@ -321,7 +335,7 @@ class Engine:
         else:
           # while speculating, plain decoding runs in short stretches: proposals may appear after any token
           n = max(1, min(lookahead if speculator is None or speculator.resting else 2, HIST, room))
-          pending = self.decode([slot], n)[:, 0].tolist()
+          pending = self.decode([slot], n, ahead=speculator is None and room > n)[:, 0].tolist()
           if speculator is not None: speculator.rested(n)
       pos += 1
 
@@ -335,13 +349,14 @@ class Engine:
         done = constraint.advance(tok)
         yield tok
         if done or tok in stop_ids or produced >= max_new or len(self.slots[slot].cached) + 1 >= self.max_context: break
-        tok = int(self.decode([slot], 1, masks=lambda: {slot: constraint.mask_words()})[0, 0])
+        tok = int(self.decode([slot], 1, masks=lambda: {slot: constraint.mask_words()}, ahead=produced + 1 < max_new)[0, 0])
     finally: self.set_mask(slot, None)
 
   def forward(self, tokens: list[int], start: int, slot: int = 0) -> "np.ndarray":
     """Runs tokens at positions start.. uncompiled (no JIT) and returns the last one's logits: the plain path that
     tests and checks compare the compiled steps against."""
     self._copy_in(self.state.prompt, start, np.array(tokens, np.int32))
+    self._ahead = None
     logits = self.model(self.state.prompt[start:start + len(tokens)], Rows((start,), len(tokens), slot)).numpy()[0]
     self.slots[slot].cached, self.slots[slot].next = self.slots[slot].cached[:start] + list(tokens), None
     return logits
@@ -349,6 +364,7 @@ class Engine:
   def profile_step(self, slot: int = 0) -> Tensor:
     """The single-sequence decode step (model and greedy choice) at the slot's next position, uncompiled: its kernels
     one by one (bench counts them, profiles time them)."""
+    self._ahead = None
     return self.steps.one_decode(self.v_pos.bind(len(self.slots[slot].cached)), self.v_slot.bind(slot))
 
 class Steps:

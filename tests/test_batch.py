@@ -72,3 +72,36 @@ def test_batch_tokens_equal_alone(eng, rng, sampled):
   out[0] += o[:, 0].tolist(); out[1] += o[:, 1].tolist()
   out[1] += eng.decode([1], 2)[:, 0].tolist()  # slot 0 left
   assert out[0] == alone[0][:9] and out[1] == alone[1][:9], (out, alone)
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_ahead_rounds_equal_plain(eng, rng, sampled):
+  """decode(ahead=True) queues the next round's model step before it reads the round's tokens, and the next round of
+  the same slots starts from that step. Rounds of varying length, a slot joining (its prefill runs between two rounds
+  and writes the logits the queued step left), the batch growing and shrinking, a slot whose next token the caller
+  changed: the tokens equal those of rounds without it, and the queued step is used exactly where nothing intervened."""
+  prompts = [rng.integers(0, VOCAB, int(n)).tolist() for n in (11, 5, 23)]
+  samp = [Sampling(2.0, 0, 1.0, int(rng.integers(1 << 20))) if sampled else Sampling() for _ in prompts]
+  def run(ahead: bool) -> list[list[int]]:
+    eng.reset()
+    used, out = eng.ahead_used, [[] for _ in prompts]
+    def rounds(slots, ns):
+      for n in ns:
+        o = eng.decode(slots, n, ahead=ahead)
+        for j, s in enumerate(slots): out[s] += o[:, j].tolist()
+    out[0].append(eng.prefill(0, prompts[0], samp[0]))
+    rounds([0], (3, 1, 2))            # alone: rounds 2 and 3 start from the step queued ahead
+    out[1].append(eng.prefill(1, prompts[1], samp[1]))
+    rounds([0], (2,))                 # the prefill ran between (and wrote the logits): the queued step is not used
+    rounds([0, 1], (2, 1, 3))         # a join: a different batch first, then the same
+    out[2].append(eng.prefill(2, prompts[2], samp[2]))
+    rounds([0, 1, 2], (2,))
+    rounds([1, 2], (2, 1))            # slot 0 left: a different batch, then the same again
+    rounds([2], (1,))
+    eng.slots[2].next = out[2][-1] = R
+    rounds([2], (2,))                 # the caller replaced slot 2's next token: the queued step read the old one
+    return out, eng.ahead_used - used
+  R = int(rng.integers(VOCAB))
+  plain, n_plain = run(False)
+  got, n_ahead = run(True)
+  assert got == plain, (got, plain)
+  assert n_plain == 0 and n_ahead == 2 + 2 + 1, n_ahead

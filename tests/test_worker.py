@@ -43,7 +43,7 @@ class FakeEngine:
     s = self.slots[slot]
     if s.next is None: s.next = s.cached[-1] + 1
     return s.next
-  def decode(self, slots, n):
+  def decode(self, slots, n, ahead=False):
     if self.fail: raise self.fail
     self.decodes.append(tuple(slots))
     out = np.zeros((n, len(slots)), np.int64)

@@ -112,9 +112,12 @@ class Scheduler:
     # constrained runs: a round of one token, whose masks the host computes while the model step runs
     cons = [r for r in gen if r.job.constraint is not None]
     if cons: n = 1
+    # the next round's model step queued before this round's tokens are read, when the next tick likely decodes these
+    # slots again: no job joins or waits, and a lone job does not speculate (engine.decode's ahead)
+    ahead = not busy and not (len(gen) == 1 and gen[0].spec is not None)
     t0 = time.monotonic()
-    if cons: out = self.eng.decode([r.slot for r in gen], n, masks=lambda: {r.slot: self._mask(r) for r in cons})
-    else: out = self.eng.decode([r.slot for r in gen], n)
+    if cons: out = self.eng.decode([r.slot for r in gen], n, masks=lambda: {r.slot: self._mask(r) for r in cons}, ahead=ahead)
+    else: out = self.eng.decode([r.slot for r in gen], n, ahead=ahead)
     self.m.batch_rows.observe(len(gen))
     for j, r in enumerate(gen): self._emit(r, out[:, j].tolist())
     self.m.step_seconds.observe((time.monotonic() - t0) / n)
