@@ -49,10 +49,11 @@ async def stream(s: aiohttp.ClientSession, url: str, prompt: list[int], n: int) 
           "stream_options": {"include_usage": True}}
   t0 = time.perf_counter()
   first = last = usage = finish = predicted = None
-  chunks = 0
+  chunks, seen = 0, []
   async with s.post(url + "/v1/completions", json=body) as r:
     if r.status != 200: raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.text())[:300]}")
     async for line in r.content:
+      if len(seen) < 6: seen.append(line[:300])
       if not line.startswith(b"data: {"): continue
       now, ev = time.perf_counter(), json.loads(line[6:])
       usage = ev.get("usage") or usage
@@ -64,7 +65,7 @@ async def stream(s: aiohttp.ClientSession, url: str, prompt: list[int], n: int) 
         finish = c.get("finish_reason") or finish
   # tokens: the usage counts; else llama.cpp's timings; else one chunk per token (llama-server sends each token)
   tokens = usage["completion_tokens"] if usage else predicted if predicted is not None else chunks
-  if first is None: raise RuntimeError(f"{url}: a stream ended without a token (finish_reason {finish})")
+  if first is None: raise RuntimeError(f"{url}: a stream ended without a token (finish_reason {finish}); its first lines: {seen}")
   return {"start": t0, "first": first, "last": last, "tokens": tokens, "finish": finish}
 
 async def rounds(url: str, n: int, n_rounds: int, tokens: int, prompt_tokens: int, vocab: int, rng) -> list[list[dict]]:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Per-kernel breakdown of one decode step: runs the step uncompiled with tinygrad's DEBUG=2 timing
 (each kernel synchronized and timed alone) and prints the kernels by time with their bytes and GB/s.
-  profile_decode.py MODEL [--context N] [--pos P] [--max-batch B]"""
+  profile_decode.py MODEL [--context N] [--pos P] [--max-batch B] [--batch R]
+--batch R: the batched step of R rows (every row at P), as the server runs R requests at once."""
 import argparse
 from tinygrad.helpers import Context
 from orin_llm.engine import Engine
@@ -10,9 +11,16 @@ from kernel_times import kernel_times, print_table
 ap = argparse.ArgumentParser(); ap.add_argument("model"); ap.add_argument("--context", type=int, default=704)  # the bench's context: same kernels, so BEAM results are reused
 ap.add_argument("--pos", type=int, default=100); ap.add_argument("--top", type=int, default=25)
 ap.add_argument("--max-batch", type=int, default=4, help="slots, as the server's and the bench's: the same kernels")
+ap.add_argument("--batch", type=int, default=1, help="rows of the batched step to profile (1: the single-sequence step)")
 a = ap.parse_args()
 eng = Engine(a.model, max_context=a.context, max_batch=a.max_batch)
 with Context(BEAM=0): eng.forward(list(range(1, a.pos + 1)), 0)  # fill the cache; these concrete shapes need no search
-step = lambda: eng.profile_step().realize()  # the same kernels as the compiled step
+if a.batch == 1: step = lambda: eng.profile_step().realize()  # the same kernels as the compiled step
+else:  # the batch step's model (engine.Steps.batch), its symbolic positions bound as the compiled step binds them
+  from orin_llm.model import Rows, ROW_BLOCK
+  assert a.batch in eng.batch_sizes, f"--batch {a.batch}: the engine compiles batches of {eng.batch_sizes}"
+  st, B = eng.state, a.batch
+  rows = lambda: Rows(tuple(v.bind(a.pos) for v in eng.v_rows[:B]), 1, 0, eng.v_blocks.bind((a.pos + ROW_BLOCK) // ROW_BLOCK))
+  step = lambda: st.logits[0:B].assign(eng.model(st.next_tok[0:B], rows())).realize()
 step()  # compile everything once
 print_table(kernel_times(step), "one decode step", a.top)

@@ -33,13 +33,14 @@ def decode_rate(gen) -> tuple[list[int], float]:
 def main():
   ap = argparse.ArgumentParser(); ap.add_argument("model", nargs="?"); ap.add_argument("--tokens", type=int, default=200)
   ap.add_argument("--context", type=int, default=2048); ap.add_argument("--json"); ap.add_argument("--repeats", type=int, default=2)
+  ap.add_argument("--verify-only", action="store_true", help="only the verify step's cost (any model: no chat template needed)")
   a = ap.parse_args()
   model = settings.model_path(argparse.Namespace(model=a.model))
   eng = Engine(model, max_context=a.context, device=settings.open_device())
-  tok = Tokenizer.from_metadata(eng.file.metadata)
-  tmpl = ChatTemplate.from_metadata(eng.file.metadata)
   res = {"model": str(model), "tokens": a.tokens, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "tasks": {}}
-  for name, text in PROMPTS.items():
+  for name, text in ({} if a.verify_only else PROMPTS).items():
+    tok = Tokenizer.from_metadata(eng.file.metadata)
+    tmpl = ChatTemplate.from_metadata(eng.file.metadata)
     ids = tmpl.encode(tok, [{"role": "user", "content": text}])
     runs = {}
     for mode in ("plain", "ngram"):
