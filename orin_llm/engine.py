@@ -307,6 +307,32 @@ class Engine:
     s.cached, s.next = s.cached + rows[:a + 1], chosen[a]
     return chosen[:a + 1]
 
+  def verify_costs(self, slot: int) -> dict[int, float]:
+    """Each compiled verify step's cost in plain decode steps (speculative.Speculator weighs proposals with it),
+    measured once, at the slot's next position: a verify step with its host read against a decode round of 8 steps
+    queued back to back, per step, as plain decoding runs. The slot keeps what it caches; the keys and values the
+    steps wrote lie past it."""
+    if getattr(self, "_verify_costs", None) is None:
+      s = self.slots[slot]
+      cached, nxt = list(s.cached), s.next
+      if nxt is None or len(cached) + 2 * VERIFY_SIZES[-1] + 1 >= self.max_context: return {K: float(K) for K in VERIFY_SIZES}
+      def timed(fn, reps: int = 4) -> float:
+        fn()  # compiles on first use
+        t = time.perf_counter()
+        for _ in range(reps): fn()
+        return (time.perf_counter() - t) / reps
+      def restore(): s.cached, s.next = list(cached), nxt
+      def plain(): restore(); self.decode([slot], VERIFY_SIZES[-1])
+      step = timed(plain) / VERIFY_SIZES[-1]
+      costs = {}
+      for K in VERIFY_SIZES:
+        def ver(K=K): restore(); self.verify(slot, [nxt] * (K - 1))
+        costs[K] = timed(ver) / step
+      restore()
+      self._ahead, self._verify_costs = None, costs
+      log.info("speculative decoding: a verify step costs " + ", ".join(f"{c:.1f} decode steps at {K} rows" for K, c in costs.items()))
+    return self._verify_costs
+
   # ------------------------------------------------------------------ generation
   def generate(self, prompt: list[int], max_new: int, sampling: Sampling = Sampling(), stop_ids=frozenset(),
                lookahead: int = DEFAULT_LOOKAHEAD, slot: int = 0, speculator=None, constraint=None) -> Iterator[int]:
@@ -328,14 +354,19 @@ class Engine:
       if not pending:
         room = min(max_new - produced, self.max_context - 1 - pos)  # tokens still wanted and allowed
         s = self.slots[slot]
-        if speculator is not None and (k := min(speculator.want(), room - 1)) > 0 and \
-           (props := speculator.source.propose(s.cached + [s.next], k)[:k]):
+        if speculator is not None and speculator.cost is None: speculator.cost = self.verify_costs(slot)
+        props = []
+        if speculator is not None and (k := min(speculator.want(), room - 1)) > 0:
+          props = speculator.source.propose(s.cached + [s.next], k)[:k]
+          speculator.found(bool(props))
+        if props:
           pending = self.verify(slot, props)
           speculator.update(len(props), len(pending) - 1)
         else:
           # while speculating, plain decoding runs in short stretches: proposals may appear after any token
-          n = max(1, min(lookahead if speculator is None or speculator.resting else 2, HIST, room))
-          pending = self.decode([slot], n, ahead=speculator is None and room > n)[:, 0].tolist()
+          n = max(1, min(lookahead if speculator is None else speculator.stretch(lookahead), HIST, room))
+          ahead = room > n and (speculator is None or speculator.resting > n)  # the next round decodes plainly too
+          pending = self.decode([slot], n, ahead=ahead)[:, 0].tolist()
           if speculator is not None: speculator.rested(n)
       pos += 1
 

@@ -101,3 +101,35 @@ def test_sampled_verification_keeps_the_distribution(models, rng, source):
   tol = 4 * np.sqrt(p[top] * (1 - p[top]) / n) + 3e-3
   assert (np.abs(freq[top] - p[top]) <= tol).all(), (freq[top], p[top])
   assert abs(accepted / n - p[d]) <= 4 * np.sqrt(p[d] * (1 - p[d]) / n) + 3e-3, (accepted / n, p[d])
+
+@pytest.mark.parametrize("a", [0.05, 0.3, 0.5, 0.97])
+def test_speculator_weighs_the_verify_cost(rng, a):
+  """A source whose proposals are each right with probability a (given the ones before held), verify steps that
+  cost 3.1 and 4.5 decode steps (SmolLM2 with heuristic kernels, H100, docs/PERF.md): speculating costs at most 5%
+  more device time per token than plain decoding where proposals do not pay, and pays where they do."""
+  sp = Speculator(NgramDraft(), cost={4: 3.1, 8: 4.5})
+  tokens = spent = 0.0
+  while tokens < 20000:
+    if (k := sp.want()) > 0:
+      acc = 0
+      while acc < k and rng.random() < a: acc += 1
+      sp.found(True); sp.update(k, acc)
+      tokens, spent = tokens + acc + 1, spent + sp.cost[next(K for K in sorted(sp.cost) if K >= k + 1)]
+    else:
+      n = sp.stretch(8)
+      sp.rested(n)
+      tokens, spent = tokens + n, spent + n
+  speed = tokens / spent  # against plain decoding's one token per step
+  best = max((1 - a ** (k + 1)) / (1 - a) / c for k, c in ((3, 3.1), (7, 4.5)))
+  if best < 1: assert speed >= 0.95, (a, speed, sp.stats())
+  else: assert speed >= 0.9 * best, (a, speed, best, sp.stats())
+
+def test_speculator_stretches_grow_while_nothing_is_found():
+  sp = Speculator(NgramDraft(), cost={})
+  assert [sp.stretch(8) for _ in range(1) if not sp.found(False)] == [4]
+  sp.found(False); sp.found(False)
+  assert sp.stretch(8) == 8 and sp.stretch(64) == 16
+  sp.found(True)
+  assert sp.stretch(8) == 2
+  sp.resting = 5
+  assert sp.stretch(8) == 8

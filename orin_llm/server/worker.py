@@ -107,14 +107,15 @@ class Scheduler:
     busy = waiting or any(r.prefill is not None for r in self.runs.values())
     room = min(self.eng.max_context - 1 - len(self.eng.slots[r.slot].cached) for r in gen)
     if len(gen) == 1 and self._speculate(gen[0], room, busy): return
-    n = max(1, min(2 if busy or (gen[0].spec is not None and len(gen) == 1) else self.lookahead,
+    spec = gen[0].spec if len(gen) == 1 and not busy else None  # a lone job that speculates: plain rounds in its stretches
+    n = max(1, min(2 if busy else spec.stretch(self.lookahead) if spec is not None else self.lookahead,
                    max(r.job.max_new - r.n for r in gen), room))
     # constrained runs: a round of one token, whose masks the host computes while the model step runs
     cons = [r for r in gen if r.job.constraint is not None]
     if cons: n = 1
     # the next round's model step queued before this round's tokens are read, when the next tick likely decodes these
     # slots again: no job joins or waits, and a lone job does not speculate (engine.decode's ahead)
-    ahead = not busy and not (len(gen) == 1 and gen[0].spec is not None)
+    ahead = not busy and (spec is None or spec.resting > n)
     t0 = time.monotonic()
     if cons: out = self.eng.decode([r.slot for r in gen], n, masks=lambda: {r.slot: self._mask(r) for r in cons}, ahead=ahead)
     else: out = self.eng.decode([r.slot for r in gen], n, ahead=ahead)
@@ -135,9 +136,13 @@ class Scheduler:
     job allows it and proposals are found. Whether it ran."""
     if self.spec_factory is None or not r.job.speculative or busy or r.job.constraint is not None: return False
     if r.spec is None: r.spec = self.spec_factory()
+    if r.spec.cost is None: r.spec.cost = self.eng.verify_costs(r.slot)
     s = self.eng.slots[r.slot]
     k = min(r.spec.want(), room - 1, r.job.max_new - r.n - 1)
-    if k <= 0 or not (props := r.spec.source.propose(s.cached + [s.next], k)[:k]): return False
+    if k <= 0: return False
+    props = r.spec.source.propose(s.cached + [s.next], k)[:k]
+    r.spec.found(bool(props))
+    if not props: return False
     out = self.eng.verify(r.slot, props)
     r.spec.update(len(props), len(out) - 1)
     self.m.spec_proposed.inc(len(props)); self.m.spec_accepted.inc(len(out) - 1); self.m.spec_steps.inc()
