@@ -125,3 +125,25 @@ def test_engine_failure_fails_its_requests_not_the_server(setup):
   assert first[-1][0] == "error" and "device lost" in first[-1][1]
   assert eng.resets >= 1 and w.alive(5)
   assert second[-1][0] == "end" and "".join(e[1] for e in second if e[0] == "text") == "<9><10><11>"
+
+def test_jobs_that_arrive_together_each_prefill_before_the_decode_round():
+  """Three short prompts admitted at once: one tick runs each one's chunk and reads its first token, then one decode
+  round of all three (not a round after each join); after a long chunk the tick goes on to the round."""
+  loop = asyncio.new_event_loop()
+  try:
+    for long_chunk, rounds in ((128, [(0, 1, 2)]), (3, [(0,)])):
+      eng = FakeEngine(slots=3)
+      sched = W.Scheduler(eng, Tok(), Metrics(), lookahead=4)
+      sched.long_chunk = long_chunk  # 3: every chunk of 4 tokens counts as long
+      jobs = [W.Job([10 * (i + 1)] * 4, 6, Sampling(), [], loop) for i in range(3)]
+      for j in jobs: sched.admit(j)
+      sched.tick(waiting=False)
+      loop.run_until_complete(asyncio.sleep(0))
+      def drain(q):
+        out = []
+        while not q.empty(): out.append(q.get_nowait())
+        return out
+      texts = [[e for e in drain(j.events) if e[0] == "text"] for j in jobs]
+      assert eng.decodes == rounds, eng.decodes
+      assert [len(t) > 0 for t in texts] == [True, long_chunk > 4, long_chunk > 4], texts
+  finally: loop.close()

@@ -1,7 +1,7 @@
 """The engine thread. The engine is not thread-safe, so one thread loads it, warms it up and runs every
 generation. It schedules continuously, as llama.cpp's server does with its slots: waiting jobs (in arrival order,
 from a bounded queue) take free KV-cache slots (the one holding the longest prefix of their prompt), and each tick
-of the loop runs one prefill chunk of a joining job and then one batched decode round (a few steps queued back to
+of the loop runs a prefill chunk of each joining job and then one batched decode round (a few steps queued back to
 back) for every slot that is generating. A finished or cancelled job leaves its slot at once; the cancel flag (set
 when the client goes away) is checked between prefill chunks and between decode rounds. Results go back to the
 request's asyncio task through its event loop."""
@@ -77,6 +77,8 @@ class Scheduler:
     self.eng, self.tok, self.m, self.lookahead = engine, tok, metrics, lookahead
     self.spec_factory = getattr(engine, "speculator", None)  # makes a speculative.Speculator (None: the server does not speculate)
     self.runs: dict[int, Run] = {}
+    from orin_llm.engine import SMALL_CHUNK_MAX  # here: the engine (tinygrad) is imported once the settings are applied
+    self.long_chunk = SMALL_CHUNK_MAX
 
   def free_slots(self) -> list[int]: return [s for s in range(self.eng.max_batch) if s not in self.runs]
   def busy(self) -> bool: return bool(self.runs)
@@ -91,17 +93,21 @@ class Scheduler:
     self.m.slots_active.set(len(self.runs))
 
   def tick(self, waiting: bool):
-    """One prefill chunk (the oldest joining job's), then one decode round for every generating slot. waiting: jobs
-    wait for a slot, so the round is kept short and they join sooner."""
+    """A prefill chunk of each joining job (oldest first, until one runs a long chunk), then one decode round for
+    every generating slot. Clients that arrive together each get their first token after their own short prompt's
+    chunk and those before it, not after theirs and a decode round for each job before them. waiting: jobs wait for
+    a slot, so the round is kept short and they join sooner."""
     for r in list(self.runs.values()):
       if r.job.cancelled.is_set(): self._finish(r, "cancelled")
     joining = sorted((r for r in self.runs.values() if r.prefill is not None), key=lambda r: r.job.arrived)
-    if joining:  # one chunk; the last one also queues the choice of the first token
-      r = joining[0]
+    for r in joining:  # a chunk each, oldest first; a prompt's last chunk also queues the choice of its first token
+      before = len(self.eng.slots[r.slot].cached)
       next(r.prefill, None)
-      if len(self.eng.slots[r.slot].cached) == len(r.job.prompt):
+      done = len(self.eng.slots[r.slot].cached)
+      if done == len(r.job.prompt):
         r.prefill = None
-        self._emit(r, [self.eng.first_token(r.slot)])
+        self._emit(r, [self.eng.first_token(r.slot)])  # read at once: each joining job's first token as soon as it is chosen
+      if done - before > self.long_chunk: break  # a long chunk ran (~28 ms, 1B on an H100): the generating slots go next
     gen = [r for r in self.runs.values() if r.prefill is None]
     if not gen: return
     busy = waiting or any(r.prefill is not None for r in self.runs.values())
