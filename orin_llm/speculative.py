@@ -65,7 +65,7 @@ class ModelDraft:
     first = e.prefill(0, tokens, Sampling())  # a text it has not followed: read the rest as a prompt
     return [first] + (e.decode([0], k - 1)[:, 0].tolist() if k > 1 else [])
 
-DECAY = 0.8  # weight of the older verify steps in the acceptance estimate, per step
+PAYS_DECAY = 0.5  # weight of the older verify steps in the running mean of what they paid
 MAX_REST = 256  # tokens of plain decoding, at most, between two tries of proposals that did not pay
 
 @dataclass
@@ -74,11 +74,12 @@ class Speculator:
   fit a compiled verify step); after `patience` verify steps in a row that accepted nothing, plain decoding runs
   `rest` tokens before proposals are tried again.
   cost: the verify step's cost by rows, in plain decode steps (Engine.verify_costs fills it before the first
-  proposal; {}: verify steps cost nothing extra). A verify of k proposals is expected to emit 1 + a + ... + a^k
-  tokens (a: the recent per-token acceptance); where no k emits more tokens than its step costs in decode steps,
-  plain decoding runs, for twice as long each time the next try does not pay either (up to MAX_REST tokens), so
-  that speculating is never much slower than not (docs/PERF.md: a verify of 8 rows cost 4.5 decode steps on
-  SmolLM2 with the heuristic kernels). A draft model's own steps are not in the cost."""
+  proposal; {}: verify steps cost nothing extra). Where the recent verify steps emitted fewer tokens than they
+  cost in decode steps (a running mean, `pays`), plain decoding runs, for twice as long each time the next try
+  does not pay either (up to MAX_REST tokens), so that speculating is never much slower than not (docs/PERF.md: a
+  verify of 8 rows cost 4.1-4.5 decode steps on SmolLM2 with the heuristic kernels). Tokens emitted per step, not
+  a per-token acceptance: copied spans are accepted in runs that end all at once, which a per-token rate
+  undervalues. A draft model's own steps are not in the cost."""
   source: object
   max_k: int = 7
   min_k: int = 2
@@ -95,8 +96,7 @@ class Speculator:
   cost: dict | None = None
   backoff: int = 0
   empty: int = 0  # tries in a row that found no proposal
-  hits: float = 0.0  # accepted proposals and rejections of the recent verify steps (decayed)
-  fails: float = 0.0
+  pays: float | None = None  # running mean of tokens emitted per decode step's worth of verify cost
 
   def want(self) -> int:
     """Proposals to ask for now (0: decode plainly this time)."""
@@ -114,33 +114,21 @@ class Speculator:
     else 2, growing while the source finds nothing (a repetition is found a few tokens later at most)."""
     return lookahead if self.resting > 0 else max(1, min(lookahead, 2 << min(self.empty, 8)))
 
-  def acceptance(self) -> float:
-    return (self.hits + 1) / (self.hits + self.fails + 2)
-
-  def gain(self, k: int) -> float:
-    """Tokens a verify step of k proposals is expected to emit, per plain decode step it costs."""
-    if not self.cost: return float("inf")
-    rows = [K for K in sorted(self.cost) if K >= k + 1]
-    if not rows: return 0.0
-    a = min(self.acceptance(), 0.999)
-    return (1 - a ** (k + 1)) / (1 - a) / self.cost[rows[0]]
-
   def update(self, proposed: int, accepted: int):
     self.steps += 1; self.proposed += proposed; self.accepted += accepted; self.emitted += accepted + 1
-    self.hits, self.fails = DECAY * self.hits + accepted, DECAY * self.fails + (accepted < proposed)
-    if self.cost:
-      best = max(range(self.min_k, self.max_k + 1), key=self.gain)
-      if self.gain(best) < 1.0:
-        self.backoff = min(MAX_REST, max(self.rest, 2 * self.backoff))
-        self.resting, self.k = self.backoff, best
-        return
-      self.k = best
-      if accepted: self.backoff = 0
-    else:
-      if accepted == proposed: self.k = min(self.max_k, self.k + 1)
-      elif accepted < proposed // 2: self.k = max(self.min_k, self.k - 1)
+    if accepted == proposed: self.k = min(self.max_k, self.k + 1)
+    elif accepted < proposed // 2: self.k = max(self.min_k, self.k - 1)
     self.misses = self.misses + 1 if accepted == 0 else 0
     if self.misses >= self.patience: self.resting, self.misses = self.rest, 0
+    if self.cost:
+      rows = [K for K in sorted(self.cost) if K >= proposed + 1]
+      r = (accepted + 1) / self.cost[rows[0]] if rows else 0.0
+      self.pays = r if self.pays is None else PAYS_DECAY * self.pays + (1 - PAYS_DECAY) * r
+      if self.pays < 1.0:
+        self.backoff = min(MAX_REST, max(self.rest, 2 * self.backoff))
+        self.resting = max(self.resting, self.backoff)
+        self.pays = None  # the next try is judged on its own
+      else: self.backoff = 0
 
   def stats(self) -> dict:
     return {"verify_steps": self.steps, "proposed": self.proposed, "accepted": self.accepted,
