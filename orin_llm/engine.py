@@ -358,15 +358,14 @@ class Engine:
         props = []
         if speculator is not None and (k := min(speculator.want(), room - 1)) > 0:
           props = speculator.source.propose(s.cached + [s.next], k)[:k]
-          speculator.found(bool(props))
         if props:
           pending = self.verify(slot, props)
           speculator.update(len(props), len(pending) - 1)
         else:
-          # while speculating, plain decoding runs in short stretches: proposals may appear after any token
+          # while speculating, plain decoding runs in short stretches: proposals may appear after any token. The next
+          # round's step is queued ahead all the same: wasted (a decode step's time) only where a verify follows
           n = max(1, min(lookahead if speculator is None else speculator.stretch(lookahead), HIST, room))
-          ahead = room > n and (speculator is None or speculator.resting > n)  # the next round decodes plainly too
-          pending = self.decode([slot], n, ahead=ahead)[:, 0].tolist()
+          pending = self.decode([slot], n, ahead=room > n)[:, 0].tolist()
           if speculator is not None: speculator.rested(n)
       pos += 1
 

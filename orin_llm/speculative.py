@@ -95,7 +95,6 @@ class Speculator:
   history: list = field(default_factory=list)
   cost: dict | None = None
   backoff: int = 0
-  empty: int = 0  # tries in a row that found no proposal
   pays: float | None = None  # running mean of tokens emitted per decode step's worth of verify cost
 
   def want(self) -> int:
@@ -105,14 +104,10 @@ class Speculator:
 
   def rested(self, n: int): self.resting = max(0, self.resting - n)
 
-  def found(self, any_proposal: bool):
-    """Whether the source had proposals when asked (after none, plain decoding runs in stretches that grow)."""
-    self.empty = 0 if any_proposal else self.empty + 1
-
   def stretch(self, lookahead: int) -> int:
-    """Tokens of plain decoding to run before proposals are asked for again: all of `lookahead` while resting;
-    else 2, growing while the source finds nothing (a repetition is found a few tokens later at most)."""
-    return lookahead if self.resting > 0 else max(1, min(lookahead, 2 << min(self.empty, 8)))
+    """Tokens of plain decoding to run before proposals are asked for again: all of `lookahead` while resting, else
+    2, so that a copied span is found within a token or two of its start (its first tokens are what pays)."""
+    return lookahead if self.resting > 0 else min(2, lookahead)
 
   def update(self, proposed: int, accepted: int):
     self.steps += 1; self.proposed += proposed; self.accepted += accepted; self.emitted += accepted + 1

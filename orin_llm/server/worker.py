@@ -119,9 +119,9 @@ class Scheduler:
     # constrained runs: a round of one token, whose masks the host computes while the model step runs
     cons = [r for r in gen if r.job.constraint is not None]
     if cons: n = 1
-    # the next round's model step queued before this round's tokens are read, when the next tick likely decodes these
-    # slots again: no job joins or waits, and a lone job does not speculate (engine.decode's ahead)
-    ahead = not busy and (spec is None or spec.resting > n)
+    # the next round's model step queued before this round's tokens are read (engine.decode's ahead) unless a job joins
+    # or waits: wasted (a decode step's time) only where a verify step follows
+    ahead = not busy
     t0 = time.monotonic()
     if cons: out = self.eng.decode([r.slot for r in gen], n, masks=lambda: {r.slot: self._mask(r) for r in cons}, ahead=ahead)
     else: out = self.eng.decode([r.slot for r in gen], n, ahead=ahead)
@@ -147,7 +147,6 @@ class Scheduler:
     k = min(r.spec.want(), room - 1, r.job.max_new - r.n - 1)
     if k <= 0: return False
     props = r.spec.source.propose(s.cached + [s.next], k)[:k]
-    r.spec.found(bool(props))
     if not props: return False
     out = self.eng.verify(r.slot, props)
     r.spec.update(len(props), len(out) - 1)
