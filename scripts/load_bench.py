@@ -65,7 +65,11 @@ async def stream(s: aiohttp.ClientSession, url: str, prompt: list[int], n: int) 
         finish = c.get("finish_reason") or finish
   # tokens: the usage counts; else llama.cpp's timings; else one chunk per token (llama-server sends each token)
   tokens = usage["completion_tokens"] if usage else predicted if predicted is not None else chunks
-  if first is None: raise RuntimeError(f"{url}: a stream ended without a token (finish_reason {finish}); its first lines: {seen}")
+  if first is None:
+    # llama-server -np 2 once sent a whole answer as its final event (text "", usage 128 tokens): no token timings
+    if not tokens: raise RuntimeError(f"{url}: a stream ended without a token (finish_reason {finish}); its first lines: {seen}")
+    first = last = time.perf_counter()
+    print(f"load_bench: {url}: a stream sent its {tokens} tokens at once, at its end (counted; its TTFT is its whole time)", file=sys.stderr)
   return {"start": t0, "first": first, "last": last, "tokens": tokens, "finish": finish}
 
 async def rounds(url: str, n: int, n_rounds: int, tokens: int, prompt_tokens: int, vocab: int, rng) -> list[list[dict]]:
