@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Iterator
 import numpy as np
 from tinygrad import Tensor, TinyJit, UOp, dtypes, Device
-from tinygrad.dtype import _to_np_dtype
 from tinygrad.helpers import GlobalCounters
 from orin_llm.errors import OrinError
 from orin_llm.loader import open_model, load_weights
@@ -94,9 +93,10 @@ class Engine:
     self.state = RunState(self.model.capacity, max_batch, self.cfg.vocab_size, self.device)
     self.io = host_io(self.device)
     # the model step queued ahead by the last decode(ahead=True), for the next round of the same slots: (slots, batch
-    # size, their positions); any other step clears it (it writes the logits that step left)
+    # size, each slot's position and input token); any other step clears it (it writes the logits that step left)
     self._ahead: tuple | None = None
     self.ahead_used = 0  # decode rounds that started from such a step
+    self._verify_costs: dict[int, float] | None = None  # verify_costs(), measured on first use
     self.slots = [Slot() for _ in range(max_batch)]
     self.masked_slots: set[int] = set()  # slots whose mask row is not all ones
     self.batch_sizes = tuple(b for b in BATCH_SIZES if b <= max_batch) + ((max_batch,) if max_batch > 1 and max_batch not in BATCH_SIZES else ())
@@ -312,7 +312,7 @@ class Engine:
     measured once, at the slot's next position: a verify step with its host read against a decode round of 8 steps
     queued back to back, per step, as plain decoding runs. The slot keeps what it caches; the keys and values the
     steps wrote lie past it."""
-    if getattr(self, "_verify_costs", None) is None:
+    if self._verify_costs is None:
       s = self.slots[slot]
       cached, nxt = list(s.cached), s.next
       if nxt is None or len(cached) + 2 * VERIFY_SIZES[-1] + 1 >= self.max_context: return {K: float(K) for K in VERIFY_SIZES}
