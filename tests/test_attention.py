@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
-from orin_llm.model import Block, KV_BLOCK, ROW_BLOCK, SEGMENT, kv_capacity
+from orin_llm.model import Block, KV_BLOCK, ROW_BLOCK, SEGMENT, SEGMENTS, kv_capacity
 
 KV, G, D = 2, 3, 16  # kv heads, query heads per kv head, head dim
 
@@ -63,3 +63,19 @@ def test_chunk_matrix_form(rng):
   """A prefill chunk of 32 rows from a random start: the float16 matrix form, over a block boundary."""
   start = int(rng.integers(KV_BLOCK - 32, KV_BLOCK))
   run(rng, (start + np.arange(32)).reshape(1, 32), rows=False)
+
+def test_segment_sums_stay_a_kernel_of_their_own():
+  """The split must survive scheduling: each segment's exp-weighted sum of [V, 1] is written out as (B, KV, g, T,
+  SEGMENTS, D + 1), and another kernel combines the segments. Left as one expression, tinygrad fused the sums and
+  their combination into one reduction over every key, a few thousand threads each walking the whole context (the
+  8B's head_dim 128: 1263 us a layer at depth 4000 with the hand-coded opts, H100, docs/PERF.md)."""
+  from tinygrad import UOp
+  from tinygrad.uop.ops import Ops
+  B, T, L = 2, 1, 4 * ROW_BLOCK
+  cache = Tensor.empty(L, B, 2, KV, D, dtype=dtypes.float16)
+  nb = UOp.variable("blocks", 1, L // ROW_BLOCK).bind(3)
+  q, qpos = Tensor.empty(B, KV, G, T, D), Tensor.empty(B, T, dtype=dtypes.int32)
+  out = Block.attend_rows(None, q, cache[0:nb * ROW_BLOCK], nb, Tensor.arange(L, dtype=dtypes.int32), qpos, 0.25)
+  linear, _ = out.linear_with_vars()
+  written = [math.prod(call.src[1].shape) for call in linear.src if call.op is Ops.CALL and call.src[0].op is Ops.SINK]
+  assert B * KV * G * T * SEGMENTS * (D + 1) in written, written
