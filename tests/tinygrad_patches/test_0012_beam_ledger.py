@@ -8,7 +8,7 @@ MATMUL = textwrap.dedent("""
   a, b = Tensor(np.eye(32, dtype=np.float32)).realize(), Tensor(np.arange(32 * 32, dtype=np.float32).reshape(32, 32)).realize()
   np.testing.assert_allclose((a @ b).numpy(), np.arange(32 * 32).reshape(32, 32))
 """)
-FIELDS = {"name", "key", "device", "amt", "heuristic_us", "final_us", "heuristic_retimed_us", "kept_heuristic", "skipped_small",
+FIELDS = {"trace", "name", "key", "device", "amt", "heuristic_us", "final_us", "heuristic_retimed_us", "kept_heuristic", "skipped_small",
           "rounds", "best_round", "compiled", "timed", "stalled_pools", "seconds", "opts"}
 
 def run(tmp_path, **env) -> list[dict]:
@@ -22,7 +22,7 @@ def run(tmp_path, **env) -> list[dict]:
 def test_ledger_lines(tmp_path):
   (tmp_path / "a").mkdir(); (tmp_path / "b").mkdir()
   searched = run(tmp_path / "a", BEAM_RETIME="2")
-  assert len(searched) == 1 and set(searched[0]) == FIELDS, searched
+  assert len(searched) == 1 and FIELDS <= set(searched[0]), searched
   e = searched[0]
   assert e["device"] == "CPU" and e["amt"] == 1 and e["rounds"] == 1 and e["best_round"] in (0, 1) and not e["skipped_small"], e
   assert e["name"].startswith("r_"), e
