@@ -4,6 +4,8 @@
   profile_decode.py MODEL [--context N] [--pos P] [--max-batch B] [--batch R]
 --batch R: the batched step of R rows (every row at P), as the server runs R requests at once."""
 import argparse
+from orin_llm import settings
+settings.search_defaults()  # a BEAM run searches as the server does (from the hand-coded opts, small kernels skipped, seeds)
 from tinygrad.helpers import Context
 from orin_llm.engine import Engine
 from kernel_times import kernel_times, print_table

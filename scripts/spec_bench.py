@@ -35,6 +35,10 @@ def main():
   ap.add_argument("--context", type=int, default=2048); ap.add_argument("--json"); ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--verify-only", action="store_true", help="only the verify step's cost (any model: no chat template needed)")
   a = ap.parse_args()
+  # a BEAM run searches as the server does: from the hand-coded opts, kernels under BEAM_MIN_US skipped, seeded from
+  # earlier results (without these every kernel was searched from the unoptimized one, the 8B's 8-row gate/up came
+  # out at 3.9x its one-row time, and the search outran 280 s twice: docs/PERF.md, ninth session)
+  settings.search_defaults()
   model = settings.model_path(argparse.Namespace(model=a.model))
   eng = Engine(model, max_context=a.context, device=settings.open_device())
   res = {"model": str(model), "tokens": a.tokens, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "tasks": {}}
