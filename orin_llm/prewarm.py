@@ -5,9 +5,17 @@ and, with --beam, their BEAM search results, and the captured steps are kept (st
 BEAM settings: settings.search_defaults() (forkserver workers, a search from the heuristic, bounded),
 each unless the environment sets it. Progress: search_progress.py."""
 from __future__ import annotations
-import argparse, os, time
+import argparse, os, signal, sys, time
 from orin_llm import log, settings
 from orin_llm.warmup import warm_up
+
+class Stopped(KeyboardInterrupt):
+  """SIGTERM during a prewarm (`timeout`, `kill`, a unit stopped): raised in the main thread as Ctrl-C is, so that a
+  BEAM search in progress ends its worker pool (tinygrad's beam_search does on KeyboardInterrupt). Killed outright,
+  the process left its workers to print BrokenPipeError tracebacks and the resource tracker to warn of leaked
+  semaphores."""
+
+def _stop(signum, frame): raise Stopped()
 
 def add_parser(sub):
   p = sub.add_parser("prewarm", help="fill the kernel cache (compiled and BEAM-searched kernels) for a model on this GPU",
@@ -41,11 +49,21 @@ def cmd_prewarm(args):
   search_progress.install()
   cfg = replace(cfg, model=str(settings.model_path(argparse.Namespace(model=cfg.model))))
   t0 = time.monotonic()
-  eng, _ = load(cfg)
-  log.info(f"prewarm: BEAM {settings.beam_width()} ({os.environ['BEAM_MP_CTX']} workers), compiling the server's steps "
-           f"({eng.max_batch} slot{'s' * (eng.max_batch > 1)}, chunks {', '.join(map(str, eng.chunks))}"
-           f"{', speculative' if eng.speculator else ''})")
-  warm_up(eng, progress=True)
+  signal.signal(signal.SIGTERM, _stop)
+  try:
+    eng, _ = load(cfg)
+    log.info(f"prewarm: BEAM {settings.beam_width()} ({os.environ['BEAM_MP_CTX']} workers), compiling the server's steps "
+             f"({eng.max_batch} slot{'s' * (eng.max_batch > 1)}, chunks {', '.join(map(str, eng.chunks))}"
+             f"{', speculative' if eng.speculator else ''})")
+    warm_up(eng, progress=True)
+  except KeyboardInterrupt as e:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    from tinygrad.engine.worker import terminate_worker_pool
+    terminate_worker_pool()  # a pool outside a search (compile batches), or a search that had not caught it yet
+    c = kernel_cache.COUNTER
+    log.info(f"prewarm: stopped ({'SIGTERM' if isinstance(e, Stopped) else 'interrupted'}) after {time.monotonic() - t0:.1f} s: "
+             f"{c.searched} kernels BEAM-searched and {c.compiled} compiled are kept in the database; run it again to go on")
+    sys.exit(128 + signal.SIGTERM if isinstance(e, Stopped) else 130)
   c = kernel_cache.COUNTER
   log.info(f"prewarm: done in {time.monotonic() - t0:.1f} s: {c.hits} from the cache, {c.compiled} compiled, {c.searched} BEAM-searched")
   print(eng.kernel_db)

@@ -180,3 +180,24 @@ def test_requests_after_warm_up_compile_nothing(tiny, tmp_path, rng):
     assert len(list(eng.generate(prompt[:100], 3, s if n % 2 else Sampling(), constraint=AllowAll(eng.cfg.vocab_size)))) == 3
   after = COUNTER.snapshot()
   assert after["misses"] == before["misses"] and after["hits"] == before["hits"], (before, after)
+
+def test_prewarm_stopped_by_sigterm_ends_quietly(tiny, tmp_path):
+  """SIGTERM in the middle of a BEAM search (`timeout`, `kill`, a stopped unit) ends the prewarm with 143, a line saying
+  what is kept, its worker pool ended: no worker's BrokenPipeError traceback, no leaked-semaphore warning (issue 25)."""
+  import random, signal, time
+  env = {**os.environ, "DEV": "CPU", "BEAM": "1", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+  p = subprocess.Popen([sys.executable, "-m", "orin_llm", "prewarm", "--model", str(tiny), "--cache", str(tmp_path), "--context", "128"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+  lines = []
+  try:
+    for line in p.stdout:
+      lines.append(line)
+      if "compiling the" in line: break  # the steps' kernels are being searched now
+    time.sleep(random.uniform(2, 6))
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=120)
+  finally:
+    if p.poll() is None: p.kill()
+  out = "".join(lines) + out
+  assert p.returncode == 143, out[-3000:]
+  assert "prewarm: stopped (SIGTERM)" in out and "Traceback" not in out and "leaked" not in out, out[-3000:]
