@@ -44,12 +44,17 @@ def _source_hash() -> str:
   for p in sorted(pathlib.Path(__file__).parent.rglob("*.py")): h.update(p.name.encode() + p.read_bytes())
   return h.hexdigest()
 
+def _opts_env() -> dict:
+  """The settings of the hand-coded opts (tinygrad's matvec heuristic, patches 0003, 0013, 0017: MV_*), which the
+  kernel database does not key: steps compiled under other values are other programs."""
+  return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MV_")}
+
 def path_for(eng) -> pathlib.Path | None:
   """The steps file next to the engine's kernel database, or None without one (no cache directory)."""
   if eng.kernel_db is None: return None
   from orin_llm.kernel_cache import model_shape
   key = {"format": FORMAT, "db": eng.kernel_db.name, "model": model_shape(eng.cfg, eng.file.tensors), "context": eng.max_context, "chunks": eng.chunks, "slots": eng.max_batch, "device": eng.device,
-         "python": sys.version_info[:2], "source": _source_hash()}
+         "python": sys.version_info[:2], "source": _source_hash(), "opts_env": _opts_env()}
   h = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
   return eng.kernel_db.parent / f"steps-{h}.pkl"
 

@@ -74,6 +74,16 @@ def test_steps_file_keyed_by_context_and_chunk(model, tmp_path):
   assert len({step_cache.path_for(e) for e in (a, b, c)}) == 3
   assert step_cache.path_for(Engine(model, max_context=CONTEXT, chunk=CHUNK)) is None  # no cache directory: none kept
 
+def test_steps_file_keyed_by_the_matvec_settings(model, tmp_path, monkeypatch):
+  """MV_* change the hand-coded opts (tinygrad patches 0003, 0013, 0017), which the kernel database does not key: a
+  steps file captured under other values would run the other kernels."""
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
+  before = step_cache.path_for(eng)
+  monkeypatch.setenv("MV_LANE_UNROLL", "4")
+  assert step_cache.path_for(eng) != before
+  monkeypatch.delenv("MV_LANE_UNROLL")
+  assert step_cache.path_for(eng) == before
+
 def test_unusable_file_is_ignored(model, tmp_path, rng):
   eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
   step_cache.path_for(eng).write_bytes(b"not a pickle")
