@@ -1,7 +1,9 @@
 """0017-matvec-lane-stretch: with MV_LANE_UNROLL=n the matvec heuristic (0003, 0013) gives each thread of a row's group
 n consecutive elements of the first reduce range, unrolled, before the GROUP: for a Q4_K weight (its first reduce range
 is the words of the 4-bit plane) a thread reads 4 words in one 16-byte load instead of one word, and the input in
-float4s. Stock and 0001-0016 ignore MV_LANE_UNROLL: the GROUP comes first and each thread reads one word a row.
+float4s; for a Q6_K weight, whose group already gives each thread a scale word's 64 elements, the ranges that walk
+them (but the innermost) are unrolled after the GROUP, and its 4-bit and 2-bit planes load in 16-byte vectors.
+Stock and 0001-0016 ignore MV_LANE_UNROLL: each thread reads one word of a plane at a time.
 No GPU needed for the opts and the CUDA source (a renderer constructed without a device); the numerics run on
 tinygrad's CUDA-flavoured emulator against gguf's own dequantization in float64."""
 import json, os, subprocess, sys, textwrap
@@ -50,33 +52,42 @@ def test_q4_k_threads_read_four_words_at_once(tmp_path, rows):
   assert k["opts"][:5] == [["UNROLL", 0, 4], ["GROUP", 0, 32], ["LOCAL", rows > 1, 4], ["UPCAST", rows > 1, 4], ["UNROLL", 2, 4]], k
   assert k["uint4"] and not k["scalar"], k
 
-def test_off_by_default(tmp_path):
-  [k] = kernels(tmp_path, 1024, 4096, 1, "Q4_K", 0)
+@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("K", [2048, 4096])
+def test_q6_k_threads_read_their_stretch_in_vectors(tmp_path, rows, K):
+  # Q6_K's first reduce range is its scale words (K/64): a thread of the group owns a scale word's 64 elements, walked
+  # by (4 scale bytes, 2 halves, 8 nibbles) after the loop over the rest of the words; the 4 and the 2 are unrolled
+  [k] = kernels(tmp_path, 1024, K, rows, "Q6_K", 4)
+  assert k["opts"][0] == ["GROUP", 0, 32] and sum(o[0] == "UNROLL" and o[2] == 0 for o in k["opts"]) == 2, k
+  assert k["uint4"] and not k["scalar"], k
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_off_by_default(tmp_path, qtype):
+  [k] = kernels(tmp_path, 1024, 4096, 1, qtype, 0)
   assert k["opts"] == [["GROUP", 0, 32], ["LOCAL", 0, 4], ["UPCAST", 0, 4]] and k["scalar"] and not k["uint4"], k
 
-def test_q6_k_unchanged(tmp_path):
-  # Q6_K's first reduce range is its scale words (K/64): a thread of the group already takes 64 consecutive elements
-  assert kernels(tmp_path, 1024, 4096, 1, "Q6_K", 4) == kernels(tmp_path, 1024, 4096, 1, "Q6_K", 0)
-
-def test_lane_stretch_computes_the_product():
+@pytest.mark.parametrize("qtype,K", [("Q4_K", 1024), ("Q6_K", 2048)])
+def test_lane_stretch_computes_the_product(qtype, K):
   code = textwrap.dedent('''
+    import sys
     import numpy as np
     from gguf import GGMLQuantizationType as QT, GGML_QUANT_SIZES
     from gguf.quants import dequantize
     from tinygrad import Tensor
     from orin_llm.quant import QuantWeight
     rng = np.random.default_rng()
-    O, K, R = 32, 1024, 2
-    bs = GGML_QUANT_SIZES[QT.Q4_K][1]
+    qt, O, K, R = QT[sys.argv[1]], 16, int(sys.argv[2]), 2
+    bs = GGML_QUANT_SIZES[qt][1]
     raw = rng.integers(0, 256, size=(O * K // 256, bs), dtype=np.uint8)
-    raw[:, 0:4] = np.float16(rng.uniform(1e-3, 1e-2, size=(O * K // 256, 2))).view(np.uint8)  # d, dmin: finite
+    at = 0 if qt == QT.Q4_K else bs - 2  # the float16 scales (Q4_K: d, dmin first; Q6_K: d last): finite
+    raw[:, at:at + (4 if qt == QT.Q4_K else 2)] = np.float16(rng.uniform(1e-3, 1e-2, size=(O * K // 256, 2 if qt == QT.Q4_K else 1))).view(np.uint8)
     x = rng.normal(size=(R, K)).astype(np.float32)
-    y = QuantWeight.from_raw(raw.reshape(-1), QT.Q4_K, O, K, "PYTHON")(Tensor(x, device="PYTHON")).numpy()
-    ref = x.astype(np.float64) @ dequantize(raw.reshape(O, -1), QT.Q4_K).astype(np.float64).T
+    y = QuantWeight.from_raw(raw.reshape(-1), qt, O, K, "PYTHON")(Tensor(x, device="PYTHON")).numpy()
+    ref = x.astype(np.float64) @ dequantize(raw.reshape(O, -1), qt).astype(np.float64).T
     print(np.abs(y - ref).max() / np.abs(ref).max())
   ''')
   env = {**os.environ, "DEV": "PYTHON::sm_87", "DEBUG": "3", "MV_LANE_UNROLL": "4"}
-  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+  out = subprocess.run([sys.executable, "-c", code, qtype, str(K)], env=env, capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-2000:]
   assert "MATVEC:" in out.stdout + out.stderr  # optimized as a matvec
   assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
