@@ -84,11 +84,15 @@ class Rows:
     parts = [table[s:s + self.T] for s in self.starts]
     return parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:])
 
+# columns of ones after V's in a prefill chunk's product with the probabilities (attend_chunk): its sums are the
+# softmax's denominator; a multiple of 8, so that the product stays on tensor cores
+DENOM_COLUMNS = 8
+
 def softmax_numerator(scores: Tensor, nb, pos: Tensor, qpos: Tensor, scale: float) -> Tensor:
-  """exp(s - max) of scores (..., KV_BLOCK, nb) over keys 0 .. nb*KV_BLOCK-1, masked to the keys at or before each
-  query's position (causal, and the last block's tail); qpos broadcasts against scores' leading axes."""
+  """exp(s - max) of scores (..., nb, KV_BLOCK) over keys 0 .. nb*KV_BLOCK-1 in order, masked to the keys at or before
+  each query's position (causal, and the last block's tail); qpos broadcasts against scores' leading axes."""
   # positions from a table rather than Tensor.arange, whose symbolic length would cost a kernel of its own
-  kpos = pos[0:nb * KV_BLOCK].reshape(nb, KV_BLOCK).permute(1, 0)
+  kpos = pos[0:nb * KV_BLOCK].reshape(nb, KV_BLOCK)
   scores = (kpos <= qpos).where(scores * scale, float("-inf"))
   return (scores - scores.max((-2, -1), keepdim=True)).exp()
 
@@ -189,17 +193,26 @@ class Block:
     512 at context 4096."""
     _, KV, g, T, D = q.shape
     L = nb * KV_BLOCK
-    q16 = q.reshape(KV, g * T, 1, 1, D).cast(dtypes.float16).contiguous()
-    # scores (kv_heads, g*T, KV_BLOCK, nb): the keys' symbolic length split into a constant axis that tensor cores
-    # can take and the block count kept apart from it (as in attend_rows). Over one symbolic axis the product had
-    # no tensor cores and took a third of a chunk's time (8.7 ms of 26.6 at 512 rows, H200, docs/PERF.md)
-    keys = kv[:, 0, 0].reshape(nb, KV_BLOCK, KV, D).permute(2, 1, 0, 3).reshape(KV, 1, KV_BLOCK, nb, D)
-    scores = (q16 * keys).sum(-1, dtype=dtypes.float32).reshape(KV, g, T, KV_BLOCK, nb)
+    # scores (kv_heads, g, T, nb, KV_BLOCK): the keys' symbolic length split into the block count and a constant axis
+    # that tensor cores can take (over one symbolic axis the product had none: 8.7 ms of a 26.6 ms chunk of 512 rows,
+    # H200, docs/PERF.md), in key order, so that a tile's outputs are stored in vectors along the keys. Every axis in
+    # place before the product, no reshape of it after: the block count is an expression of start_pos here, and
+    # reshaping the scores (then laid out (KV, g*T, KV_BLOCK, nb)) made every load's index a division by it that
+    # mentioned every range, so no tensor core applied and each output float was stored alone (CUDA source rendered
+    # on the CPU, tests/test_attention.py): 9.0 ms with the hand-coded opts for the 1B's 512-row chunk at mid context,
+    # 1.36 ms after a 60 s search (H100, ninth session)
+    q16 = q.reshape(KV, g, T, 1, 1, D).cast(dtypes.float16).contiguous()
+    keys = kv[:, 0, 0].reshape(nb, KV_BLOCK, KV, D).permute(2, 0, 1, 3).reshape(KV, 1, 1, nb, KV_BLOCK, D)
+    scores = (q16 * keys).sum(-1, dtype=dtypes.float32)
     e = softmax_numerator(scores, nb, pos, qpos.reshape(1, 1, T, 1, 1), scale)
-    # probabilities written in key order, float16: the product with V is then one matrix product over the keys
-    p16 = e.permute(0, 1, 2, 4, 3).reshape(KV, g * T, L).cast(dtypes.float16).contiguous()
-    out = p16.matmul(kv[:, 0, 1].permute(1, 0, 2), dtype=dtypes.float32).reshape(KV, g, T, D)
-    return (out / p16.float().sum(-1).reshape(KV, g, T, 1)).reshape(1, KV, g, T, D)
+    # probabilities written in key order, float16 (written in the scores' shape, reshaped as a buffer: the same
+    # division otherwise), the product with V then one matrix product over the keys; V's columns padded with ones
+    # give the denominator too (as attend_rows does), rather than a kernel of its own reading the probabilities
+    # again. Eight of them: with one column more (65) the product had no tensor cores
+    p16 = e.cast(dtypes.float16).contiguous().reshape(KV, g * T, L)
+    vals1 = kv[:, 0, 1].permute(1, 0, 2).pad(((0, 0), (0, 0), (0, DENOM_COLUMNS)), value=1.0)
+    acc = p16.matmul(vals1, dtype=dtypes.float32).reshape(KV, g, T, D + DENOM_COLUMNS)
+    return (acc[..., :D] / acc[..., D:D + 1]).reshape(1, KV, g, T, D)
 
   def __call__(self, x: Tensor, rows: Rows, rope: Tensor, pos: Tensor) -> Tensor:
     h = x + self.attention(x, rows, rope, pos)

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Per-kernel breakdown of one decode step: runs the step uncompiled with tinygrad's DEBUG=2 timing
 (each kernel synchronized and timed alone) and prints the kernels by time with their bytes and GB/s.
-  profile_decode.py MODEL [--context N] [--pos P] [--max-batch B] [--batch R]
---batch R: the batched step of R rows (every row at P), as the server runs R requests at once."""
+  profile_decode.py MODEL [--context N] [--pos P] [--max-batch B] [--batch R | --chunk T]
+--batch R: the batched step of R rows (every row at P), as the server runs R requests at once.
+--chunk T: a prefill chunk of T prompt tokens from position P (T one of the engine's chunk sizes)."""
 import argparse
 from orin_llm import settings
 settings.search_defaults()  # a BEAM run searches as the server does (from the hand-coded opts, small kernels skipped, seeds)
@@ -14,10 +15,19 @@ ap = argparse.ArgumentParser(); ap.add_argument("model"); ap.add_argument("--con
 ap.add_argument("--pos", type=int, default=100); ap.add_argument("--top", type=int, default=25)
 ap.add_argument("--max-batch", type=int, default=4, help="slots, as the server's and the bench's: the same kernels")
 ap.add_argument("--batch", type=int, default=1, help="rows of the batched step to profile (1: the single-sequence step)")
+ap.add_argument("--chunk", type=int, default=0, help="profile a prefill chunk of this many rows from --pos instead")
 a = ap.parse_args()
 eng = Engine(a.model, max_context=a.context, max_batch=a.max_batch)
 with Context(BEAM=0): eng.forward(list(range(1, a.pos + 1)), 0)  # fill the cache; these concrete shapes need no search
-if a.batch == 1: step = lambda: eng.profile_step().realize()  # the same kernels as the compiled step
+if a.chunk:  # the chunk step's model (engine.Steps.chunk) over prompt tokens from --pos, its variables bound as it binds them
+  from orin_llm.model import Rows
+  assert a.chunk in eng.chunks, f"--chunk {a.chunk}: the engine's chunk sizes are {eng.chunks}"
+  assert a.pos + a.chunk <= eng.max_context, "--pos + --chunk past the context"
+  st, T = eng.state, a.chunk
+  def step():
+    pos = eng.v_pos.bind(a.pos)
+    return st.logits[0:1].assign(eng.model(st.prompt[pos:pos + T], Rows((pos,), T, eng.v_slot.bind(0)), eng.v_len.bind(T))).realize()
+elif a.batch == 1: step = lambda: eng.profile_step().realize()  # the same kernels as the compiled step
 else:  # the batch step's model (engine.Steps.batch), its symbolic positions bound as the compiled step binds them
   from orin_llm.model import Rows, ROW_BLOCK
   assert a.batch in eng.batch_sizes, f"--batch {a.batch}: the engine compiles batches of {eng.batch_sizes}"
@@ -25,4 +35,4 @@ else:  # the batch step's model (engine.Steps.batch), its symbolic positions bou
   rows = lambda: Rows(tuple(v.bind(a.pos) for v in eng.v_rows[:B]), 1, 0, eng.v_blocks.bind((a.pos + ROW_BLOCK) // ROW_BLOCK))
   step = lambda: st.logits[0:B].assign(eng.model(st.next_tok[0:B], rows())).realize()
 step()  # compile everything once
-print_table(kernel_times(step), "one decode step", a.top)
+print_table(kernel_times(step), f"one prefill chunk of {a.chunk} at {a.pos}" if a.chunk else "one decode step", a.top)

@@ -79,3 +79,46 @@ def test_segment_sums_stay_a_kernel_of_their_own():
   linear, _ = out.linear_with_vars()
   written = [math.prod(call.src[1].shape) for call in linear.src if call.op is Ops.CALL and call.src[0].op is Ops.SINK]
   assert B * KV * G * T * SEGMENTS * (D + 1) in written, written
+
+def test_chunk_attention_kernels(tmp_path, monkeypatch):
+  """A prefill chunk's attention in the engine's own graph (its block count an expression of start_pos), each kernel
+  optimized by the hand-coded opts for a CUDA renderer (constructed without a GPU) and rendered:
+  - the scores kernel runs on tensor cores and stores its output in vectors along the keys. With the queries
+    (KV, g*T) and the scores reshaped to (KV, g, T, ...) after the product, every load's index was a division by
+    the block count and mentioned every range, so no tensor core applied (the kernel BEAM then searched for 60 s:
+    9.0 ms hand-coded, 1.36 ms found, 1B 512-row chunk at mid context, H100, docs/PERF.md ninth session);
+  - the float16 probabilities are read once, by the product with V (with its columns of ones: the denominator),
+    on tensor cores; a sum of its own read them again (147 us a layer for that chunk)."""
+  from tinygrad.codegen import full_rewrite_to_sink, do_linearize, do_render, ProgramInfo
+  from tinygrad.helpers import Target
+  from tinygrad.renderer.cstyle import CUDARenderer
+  from tinygrad.uop.ops import Ops, PatternMatcher, UPat, UOp, graph_rewrite
+  from conftest import LLAMA_VOCAB
+  from orin_llm import quant
+  from orin_llm.engine import Engine
+  from orin_llm.model import Rows
+  from orin_llm.synth import write_model, preset
+  T, POS = 64, 300
+  monkeypatch.setattr(quant, "MATMUL_ROWS", 32)
+  path = write_model(tmp_path / "tiny.gguf", preset("tiny-llama"), quant.QT.Q4_K, LLAMA_VOCAB, seed=0, vocab_size=2048)
+  eng = Engine(path, max_context=1024, chunk=T, device="CPU")
+  st, cfg, pos = eng.state, eng.cfg, eng.v_pos.bind(POS)
+  out = st.logits[0:1].assign(eng.model(st.prompt[pos:pos + T], Rows((pos,), T, eng.v_slot.bind(0)), eng.v_len.bind(T)))
+  calls = [c for c in out.linear_with_vars()[0].src if c.op is Ops.CALL and c.src[0].op is Ops.SINK]
+  ren = CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)
+  pm = PatternMatcher([(UPat(Ops.PROGRAM, src=(UPat(Ops.SINK, name="sink"),), name="prg"), do_linearize),
+                       (UPat(Ops.PROGRAM, src=(UPat(), UPat(Ops.LINEAR, name="lin")), name="prg"), do_render)])
+  def render(ast):
+    sink = full_rewrite_to_sink(ast, ren)
+    return sink.arg.applied_opts, graph_rewrite(UOp(Ops.PROGRAM, src=(sink,), arg=ProgramInfo.from_sink(sink, ren.target)), pm, ctx=ren).src[-1].arg
+  per_layer = cfg.n_heads * T * eng.model.capacity  # scores and probabilities: a value per query head, row and key
+  scores = [c for c in calls if math.prod(c.src[1].shape) == per_layer and c.src[1].dtype == dtypes.float32]
+  assert len(scores) == cfg.n_layers, "one kernel a layer writes the float32 scores"
+  opts, src = render(scores[0].src[0])
+  assert any(o.op.name == "TC" for o in opts), opts
+  stores = [l for l in src.splitlines() if l.strip().startswith("*(") and "data0" in l.split("=")[0]]
+  assert stores and all(l.strip().startswith("*((float") for l in stores), stores[:4]
+  # the probabilities: what a kernel reading the scores writes in float16
+  [probs] = [c.src[1] for c in calls if c.src[1].dtype == dtypes.float16 and any(b is scores[0].src[1] for b in c.src[2:])]
+  readers = [c for c in calls if any(b is probs for b in c.src[2:])]
+  assert len(readers) == 1 and any(o.op.name == "TC" for o in render(readers[0].src[0])[0]), len(readers)
