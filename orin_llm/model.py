@@ -92,7 +92,7 @@ def softmax_numerator(scores: Tensor, nb, pos: Tensor, qpos: Tensor, scale: floa
   """exp(s - max) of scores (..., nb, KV_BLOCK) over keys 0 .. nb*KV_BLOCK-1 in order, masked to the keys at or before
   each query's position (causal, and the last block's tail); qpos broadcasts against scores' leading axes."""
   # positions from a table rather than Tensor.arange, whose symbolic length would cost a kernel of its own
-  kpos = pos[0:nb * KV_BLOCK].reshape(nb, KV_BLOCK)
+  kpos = pos.reshape(-1, KV_BLOCK)[0:nb]
   scores = (kpos <= qpos).where(scores * scale, float("-inf"))
   return (scores - scores.max((-2, -1), keepdim=True)).exp()
 
@@ -150,7 +150,11 @@ class Block:
     matrix = quant.as_matrix(T)
     size = KV_BLOCK if matrix else ROW_BLOCK
     nb = rows.blocks(size)
-    kv = cache[0:nb * size, slot0:slot0 + B]  # (L, B, 2, kv_heads, head_dim)
+    # (nb, size, B, 2, kv_heads, head_dim): the whole cache in blocks, then the first nb blocks. Sliced first
+    # (nb * size rows) and split into blocks after, every load's index took a modulo by the symbolic length
+    # (CUDA source rendered on the CPU: 8 integer divisions by a runtime value per step of the decode's
+    # segment sums, tests/test_attention.py)
+    kv = cache.reshape(-1, size, *cache.shape[1:])[0:nb, :, slot0:slot0 + B]
     g = c.n_heads // c.n_kv_heads
     q = q.reshape(B, T, c.n_kv_heads, g, c.head_dim).permute(0, 2, 3, 1, 4)  # (B, kv_heads, g, T, head_dim)
     qpos = rows.gather(pos).reshape(B, T)
@@ -160,6 +164,8 @@ class Block:
     return self.wo(out.permute(0, 3, 1, 2, 4).reshape(N, c.n_heads * c.head_dim))
 
   # Both attention forms divide by the softmax's denominator after the product with V, which exp(s - max) feeds.
+
+  # kv: (nb, block, B, 2, kv_heads, head_dim), the first nb blocks of the B sequences' cache slots
 
   def attend_rows(self, q: Tensor, kv: Tensor, nb, pos: Tensor, qpos: Tensor, scale: float) -> Tensor:
     """Few query rows (decode, verify): split over the keys as flash-decoding does. Per segment of keys (key
@@ -171,9 +177,9 @@ class Block:
     # (B, kv_heads, nb, S, KB, head_dim): the symbolic block count and the keys of a segment (both reduced) kept apart
     # by the segment axis, so that tinygrad cannot merge them into one symbolic range, which it runs serially
     blocked = lambda t: t.reshape(nb, S, KB, B, KV, D).permute(3, 4, 0, 1, 2, 5).float()
-    keys, vals = blocked(kv[:, :, 0]), blocked(kv[:, :, 1])
+    keys, vals = blocked(kv[:, :, :, 0]), blocked(kv[:, :, :, 1])
     scores = (q.reshape(B, KV, g, T, 1, 1, 1, D) * keys.reshape(B, KV, 1, 1, nb, S, KB, D)).sum(-1)  # (B, KV, g, T, nb, S, KB)
-    kpos = pos[0:nb * ROW_BLOCK].reshape(nb, S, KB)
+    kpos = pos.reshape(-1, S, KB)[0:nb]
     scores = (kpos <= qpos.reshape(B, 1, 1, T, 1, 1, 1)).where(scores * scale, MASKED)
     m = scores.max((-3, -1), keepdim=True)  # (B, KV, g, T, 1, S, 1): each segment's maximum
     vals1 = vals.pad(((0, 0), (0, 0), (0, 0), (0, 0), (0, 0), (0, 1)), value=1.0).reshape(B, KV, 1, 1, nb, S, KB, D + 1)
@@ -202,7 +208,7 @@ class Block:
     # on the CPU, tests/test_attention.py): 9.0 ms with the hand-coded opts for the 1B's 512-row chunk at mid context,
     # 1.36 ms after a 60 s search (H100, ninth session)
     q16 = q.reshape(KV, g, T, 1, 1, D).cast(dtypes.float16).contiguous()
-    keys = kv[:, 0, 0].reshape(nb, KV_BLOCK, KV, D).permute(2, 0, 1, 3).reshape(KV, 1, 1, nb, KV_BLOCK, D)
+    keys = kv[:, :, 0, 0].permute(2, 0, 1, 3).reshape(KV, 1, 1, nb, KV_BLOCK, D)
     scores = (q16 * keys).sum(-1, dtype=dtypes.float32)
     e = softmax_numerator(scores, nb, pos, qpos.reshape(1, 1, T, 1, 1), scale)
     # probabilities written in key order, float16 (written in the scores' shape, reshaped as a buffer: the same
@@ -210,7 +216,7 @@ class Block:
     # give the denominator too (as attend_rows does), rather than a kernel of its own reading the probabilities
     # again. Eight of them: with one column more (65) the product had no tensor cores
     p16 = e.cast(dtypes.float16).contiguous().reshape(KV, g * T, L)
-    vals1 = kv[:, 0, 1].permute(1, 0, 2).pad(((0, 0), (0, 0), (0, DENOM_COLUMNS)), value=1.0)
+    vals1 = kv[:, :, 0, 1].permute(2, 0, 1, 3).reshape(KV, L, D).pad(((0, 0), (0, 0), (0, DENOM_COLUMNS)), value=1.0)
     acc = p16.matmul(vals1, dtype=dtypes.float32).reshape(KV, g, T, D + DENOM_COLUMNS)
     return (acc[..., :D] / acc[..., D:D + 1]).reshape(1, KV, g, T, D)
 

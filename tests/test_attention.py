@@ -34,7 +34,7 @@ def run(rng, qpos: np.ndarray, rows: bool, slots: int = 1, slot0: int = 0):
   q = (rng.standard_normal((B, KV, G, T, D)) * 2).astype(np.float32)
   size = ROW_BLOCK if rows else KV_BLOCK
   nb = (int(qpos.max()) + 1 + size - 1) // size
-  kv = Tensor(cache)[0:nb * size, slot0:slot0 + B]
+  kv = Tensor(cache).reshape(-1, size, slots, 2, KV, D)[0:nb, :, slot0:slot0 + B]  # as Block.attention passes it
   pos = Tensor(np.arange(L, dtype=np.int32))
   args = (Tensor(q), kv, nb, pos, Tensor(qpos.astype(np.int32)), 1.0 / math.sqrt(D))
   got = (Block.attend_rows(None, *args) if rows else Block.attend_chunk(None, *args)).numpy()
@@ -75,7 +75,7 @@ def test_segment_sums_stay_a_kernel_of_their_own():
   cache = Tensor.empty(L, B, 2, KV, D, dtype=dtypes.float16)
   nb = UOp.variable("blocks", 1, L // ROW_BLOCK).bind(3)
   q, qpos = Tensor.empty(B, KV, G, T, D), Tensor.empty(B, T, dtype=dtypes.int32)
-  out = Block.attend_rows(None, q, cache[0:nb * ROW_BLOCK], nb, Tensor.arange(L, dtype=dtypes.int32), qpos, 0.25)
+  out = Block.attend_rows(None, q, cache.reshape(-1, ROW_BLOCK, B, 2, KV, D)[0:nb], nb, Tensor.arange(L, dtype=dtypes.int32), qpos, 0.25)
   linear, _ = out.linear_with_vars()
   written = [math.prod(call.src[1].shape) for call in linear.src if call.op is Ops.CALL and call.src[0].op is Ops.SINK]
   assert B * KV * G * T * SEGMENTS * (D + 1) in written, written
@@ -122,3 +122,37 @@ def test_chunk_attention_kernels(tmp_path, monkeypatch):
   [probs] = [c.src[1] for c in calls if c.src[1].dtype == dtypes.float16 and any(b is scores[0].src[1] for b in c.src[2:])]
   readers = [c for c in calls if any(b is probs for b in c.src[2:])]
   assert len(readers) == 1 and any(o.op.name == "TC" for o in render(readers[0].src[0])[0]), len(readers)
+
+def test_cache_reads_need_no_division(tmp_path, monkeypatch):
+  """Every kernel of a decode step, a verify step and a prefill chunk that reads the KV cache computes its addresses with no
+  division or modulo by a runtime value: the attention takes the cache in blocks of constant size, and only then
+  the first nb of them (nb an expression of start_pos). Sliced to nb * block rows first and split into blocks
+  after, each of the segment sums' 8 loads of V a step took a modulo by nb * 32 (CUDA source rendered on the CPU)."""
+  import re
+  from tinygrad.codegen import full_rewrite_to_sink, do_linearize, do_render, ProgramInfo
+  from tinygrad.helpers import Target
+  from tinygrad.renderer.cstyle import CUDARenderer
+  from tinygrad.uop.ops import Ops, PatternMatcher, UPat, UOp, graph_rewrite
+  from conftest import LLAMA_VOCAB
+  from orin_llm import quant
+  from orin_llm.engine import Engine
+  from orin_llm.model import Rows
+  from orin_llm.synth import write_model, preset
+  path = write_model(tmp_path / "tiny.gguf", preset("tiny-llama"), quant.QT.Q4_K, LLAMA_VOCAB, seed=0, vocab_size=2048)
+  eng = Engine(path, max_context=1024, device="CPU", max_batch=2)
+  st, pos, slot = eng.state, eng.v_pos.bind(700), eng.v_slot.bind(1)
+  ren = CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)
+  pm = PatternMatcher([(UPat(Ops.PROGRAM, src=(UPat(Ops.SINK, name="sink"),), name="prg"), do_linearize),
+                       (UPat(Ops.PROGRAM, src=(UPat(), UPat(Ops.LINEAR, name="lin")), name="prg"), do_render)])
+  cache_size = math.prod(eng.model.blocks[0].cache.shape)
+  monkeypatch.setattr(quant, "MATMUL_ROWS", 32)
+  for T in (1, 4, 64):  # decode, a verify step of 4 rows, a prefill chunk (the matrix form, as on a GPU)
+    out = eng.model(st.prompt[pos:pos + T] if T > 1 else st.next_tok[0:1], Rows((pos,), T, slot), all_rows=T > 1)
+    readers = [c for c in out.linear_with_vars()[0].src if c.op is Ops.CALL and c.src[0].op is Ops.SINK and
+               any(math.prod(b.shape) == cache_size for b in c.src[2:])]
+    assert len(readers) >= 2 * eng.cfg.n_layers, len(readers)  # keys and values, each layer
+    for c in readers:
+      sink = full_rewrite_to_sink(c.src[0], ren)
+      src = graph_rewrite(UOp(Ops.PROGRAM, src=(sink,), arg=ProgramInfo.from_sink(sink, ren.target)), pm, ctx=ren).src[-1].arg
+      loads = [l for l in src.splitlines() if re.search(rf"\(data\d+_{cache_size}\+", l) and "=" in l]
+      assert loads and not any(re.search(r"[/%]\s*\(?(alu|data)", l) for l in loads), (T, sink.arg.name, [l for l in loads if "%" in l or "/" in l][:3])
