@@ -174,19 +174,23 @@ class Block:
     are combined, each weighted by exp(its max - the overall max). The probabilities are never written out."""
     B, KV, g, T, D = q.shape
     S, KB = SEGMENTS, SEGMENT
-    # (B, kv_heads, nb, S, KB, head_dim): the symbolic block count and the keys of a segment (both reduced) kept apart
-    # by the segment axis, so that tinygrad cannot merge them into one symbolic range, which it runs serially
-    blocked = lambda t: t.reshape(nb, S, KB, B, KV, D).permute(3, 4, 0, 1, 2, 5).float()
+    # (nb, B, kv_heads, S, KB, head_dim): the symbolic block count and the keys of a segment (both reduced) kept apart
+    # by the segment axis, so that tinygrad cannot merge them into one symbolic range, which it runs serially. The
+    # block count first in every buffer the scores are written to: the context then enters it only as its size, not
+    # in the other axes' strides, and a kernel searched at one context serves another (tinygrad patch 0009). Laid out
+    # (B, KV, g, T, nb, S, KB), the scores, maxima and segment sums of every decode and verify step had other search
+    # keys at another context, and the segment sums divided by nb twice per step (tests/test_cache.py, test_attention.py)
+    blocked = lambda t: t.reshape(nb, S, KB, B, KV, D).permute(0, 3, 4, 1, 2, 5).float()
     keys, vals = blocked(kv[:, :, :, 0]), blocked(kv[:, :, :, 1])
-    scores = (q.reshape(B, KV, g, T, 1, 1, 1, D) * keys.reshape(B, KV, 1, 1, nb, S, KB, D)).sum(-1)  # (B, KV, g, T, nb, S, KB)
-    kpos = pos.reshape(-1, S, KB)[0:nb]
-    scores = (kpos <= qpos.reshape(B, 1, 1, T, 1, 1, 1)).where(scores * scale, MASKED)
-    m = scores.max((-3, -1), keepdim=True)  # (B, KV, g, T, 1, S, 1): each segment's maximum
-    vals1 = vals.pad(((0, 0), (0, 0), (0, 0), (0, 0), (0, 0), (0, 1)), value=1.0).reshape(B, KV, 1, 1, nb, S, KB, D + 1)
+    scores = (q.reshape(1, B, KV, g, T, 1, 1, D) * keys.reshape(nb, B, KV, 1, 1, S, KB, D)).sum(-1)  # (nb, B, KV, g, T, S, KB)
+    kpos = pos.reshape(-1, S, KB)[0:nb].reshape(nb, 1, 1, 1, 1, S, KB)
+    scores = (kpos <= qpos.reshape(1, B, 1, 1, T, 1, 1)).where(scores * scale, MASKED)
+    m = scores.max((0, -1), keepdim=True)  # (1, B, KV, g, T, S, 1): each segment's maximum
+    vals1 = vals.pad(((0, 0), (0, 0), (0, 0), (0, 0), (0, 0), (0, 1)), value=1.0).reshape(nb, B, KV, 1, 1, S, KB, D + 1)
     # written out, so that the segments stay apart: as one expression with the combination below, tinygrad fused both
     # into one reduction over every key (a few thousand threads walking the whole context: 1263 us a layer for the 8B's
     # head_dim 128 at depth 4000 with hand-coded opts; 47 us split, H100, docs/PERF.md)
-    part = ((scores - m).exp().unsqueeze(-1) * vals1).sum((-4, -2)).contiguous()  # (B, KV, g, T, S, D + 1)
+    part = ((scores - m).exp().unsqueeze(-1) * vals1).sum((0, -2)).contiguous()  # (B, KV, g, T, S, D + 1)
     m = m.reshape(B, KV, g, T, S, 1)
     acc = (part * (m - m.max(-2, keepdim=True)).exp()).sum(-2)  # (B, KV, g, T, D + 1)
     return acc[..., :D] / acc[..., D:]
