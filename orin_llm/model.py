@@ -89,12 +89,13 @@ class Rows:
 DENOM_COLUMNS = 8
 
 def softmax_numerator(scores: Tensor, nb, pos: Tensor, qpos: Tensor, scale: float) -> Tensor:
-  """exp(s - max) of scores (..., nb, KV_BLOCK) over keys 0 .. nb*KV_BLOCK-1 in order, masked to the keys at or before
-  each query's position (causal, and the last block's tail); qpos broadcasts against scores' leading axes."""
+  """exp(s - max) of scores (nb, ..., KV_BLOCK) over keys 0 .. nb*KV_BLOCK-1, the block count first, masked to the
+  keys at or before each query's position (causal, and the last block's tail); qpos broadcasts against scores' middle
+  axes."""
   # positions from a table rather than Tensor.arange, whose symbolic length would cost a kernel of its own
-  kpos = pos.reshape(-1, KV_BLOCK)[0:nb]
+  kpos = pos.reshape(-1, KV_BLOCK)[0:nb].reshape(nb, *[1] * (scores.ndim - 2), KV_BLOCK)
   scores = (kpos <= qpos).where(scores * scale, float("-inf"))
-  return (scores - scores.max((-2, -1), keepdim=True)).exp()
+  return (scores - scores.max((0, -1), keepdim=True)).exp()
 
 # weight matrices of one input that run as one product: name of the fused weight -> the matrices it stacks
 FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}
@@ -202,25 +203,27 @@ class Block:
     They take 6 bytes per head, row and key, sized by the JIT for the longest context: 453 MB for a 1B's chunk of
     512 at context 4096."""
     _, KV, g, T, D = q.shape
-    L = nb * KV_BLOCK
-    # scores (kv_heads, g, T, nb, KV_BLOCK): the keys' symbolic length split into the block count and a constant axis
+    # scores (nb, kv_heads, g, T, KV_BLOCK): the keys' symbolic length split into the block count and a constant axis
     # that tensor cores can take (over one symbolic axis the product had none: 8.7 ms of a 26.6 ms chunk of 512 rows,
     # H200, docs/PERF.md), in key order, so that a tile's outputs are stored in vectors along the keys. Every axis in
     # place before the product, no reshape of it after: the block count is an expression of start_pos here, and
     # reshaping the scores (then laid out (KV, g*T, KV_BLOCK, nb)) made every load's index a division by it that
     # mentioned every range, so no tensor core applied and each output float was stored alone (CUDA source rendered
     # on the CPU, tests/test_attention.py): 9.0 ms with the hand-coded opts for the 1B's 512-row chunk at mid context,
-    # 1.36 ms after a 60 s search (H100, ninth session)
-    q16 = q.reshape(KV, g, T, 1, 1, D).cast(dtypes.float16).contiguous()
-    keys = kv[:, :, 0, 0].permute(2, 0, 1, 3).reshape(KV, 1, 1, nb, KV_BLOCK, D)
+    # 1.36 ms after a 60 s search (H100, ninth session). The block count first in the scores' and probabilities'
+    # buffers, as attend_rows has it: the JIT sizes those buffers for the largest block count, so laid out
+    # (KV, g, T, nb, KV_BLOCK) their strides held it, and the chunk's four attention kernels had other search keys
+    # at another context (the scores and the product with V were the prewarm's longest searches, 60 s each: issue 25)
+    q16 = q.reshape(1, KV, g, T, 1, D).cast(dtypes.float16).contiguous()
+    keys = kv[:, :, 0, 0].permute(0, 2, 1, 3).reshape(nb, KV, 1, 1, KV_BLOCK, D)
     scores = (q16 * keys).sum(-1, dtype=dtypes.float32)
-    e = softmax_numerator(scores, nb, pos, qpos.reshape(1, 1, T, 1, 1), scale)
-    # probabilities written in key order, float16 (written in the scores' shape, reshaped as a buffer: the same
-    # division otherwise), the product with V then one matrix product over the keys; V's columns padded with ones
-    # give the denominator too (as attend_rows does), rather than a kernel of its own reading the probabilities
-    # again. Eight of them: with one column more (65) the product had no tensor cores
-    p16 = e.cast(dtypes.float16).contiguous().reshape(KV, g * T, L)
-    vals1 = kv[:, :, 0, 1].permute(2, 0, 1, 3).reshape(KV, L, D).pad(((0, 0), (0, 0), (0, DENOM_COLUMNS)), value=1.0)
+    e = softmax_numerator(scores, nb, pos, qpos.reshape(1, 1, T, 1), scale)
+    # probabilities written in key order, float16, then one product with V over every key (the block count and the
+    # keys of a block); V's columns padded with ones give the denominator too (as attend_rows does), rather than a
+    # kernel of its own reading the probabilities again. Eight of them: with one column more (65) the product had no
+    # tensor cores
+    p16 = e.cast(dtypes.float16).contiguous().permute(1, 2, 3, 0, 4).reshape(KV, g * T, nb * KV_BLOCK)
+    vals1 = kv[:, :, 0, 1].permute(2, 0, 1, 3).reshape(KV, nb * KV_BLOCK, D).pad(((0, 0), (0, 0), (0, DENOM_COLUMNS)), value=1.0)
     acc = p16.matmul(vals1, dtype=dtypes.float32).reshape(KV, g, T, D + DENOM_COLUMNS)
     return (acc[..., :D] / acc[..., D:D + 1]).reshape(1, KV, g, T, D)
 

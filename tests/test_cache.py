@@ -202,17 +202,19 @@ def test_prewarm_stopped_by_sigterm_ends_quietly(tiny, tmp_path):
   assert p.returncode == 143, out[-3000:]
   assert "prewarm: stopped (SIGTERM)" in out and "Traceback" not in out and "leaked" not in out, out[-3000:]
 
-def test_step_kernels_do_not_depend_on_the_context(tiny):
+def test_step_kernels_do_not_depend_on_the_context(tiny, monkeypatch):
   """Issue 25: a change of context_length must reuse the searched kernels. tinygrad keys a search by the kernel's AST
-  without buffer sizes and variable bounds (patch 0009), so every kernel of the decode, verify and (CPU-sized)
-  chunk steps must have the same key at two contexts: the context may enter a kernel only as a buffer's size or a
-  variable's bound, never as a stride. The decode attention's scores were laid out with the block count inside
-  (strides of the largest block count): 3 of the decode step's kernels had other keys at the other context."""
+  without buffer sizes and variable bounds (patch 0009), so every kernel of the decode, verify and chunk steps (the
+  CPU's size and a GPU's matrix form) must have the same key at two contexts: the context may enter a kernel only as a
+  buffer's size or a variable's bound, never as a stride. The attention's scores were laid out with the block count
+  inside (strides of the largest block count): 3 of the decode step's kernels had other keys at the other context,
+  and 4 a layer of the matrix-form chunk's (its scores, their maxima, the probabilities and their product with V)."""
   import tinygrad.codegen as cg
   from tinygrad.codegen.opt.postrange import Scheduler
   from tinygrad.codegen.opt.search import _beam_key_ast
   from tinygrad.device import Device
   from tinygrad.uop.ops import Ops
+  from orin_llm import quant
   from orin_llm.engine import Engine
   from orin_llm.model import Rows
   keys, apply_opts, current = {}, cg.apply_opts, None
@@ -222,16 +224,19 @@ def test_step_kernels_do_not_depend_on_the_context(tiny):
     keys.setdefault(current, set()).add(_beam_key_ast(k.ast).key)
     return apply_opts(ast, ren, beam)
   cg.apply_opts = record
+  MATRIX = 64  # a chunk of this many rows runs in the matrix form, as on a GPU (attend_chunk, float16 products)
+  monkeypatch.setattr(quant, "MATMUL_ROWS", 32)
+  sizes = (1, 4, 16, MATRIX)  # decode, a verify step, a CPU-sized chunk, a GPU's chunk
   try:
     for context in (256, 512):
       current = None  # the engine's load realizes kernels of its own
-      eng = Engine(tiny, max_context=context, device="CPU", max_batch=2)
+      eng = Engine(tiny, max_context=context, device="CPU", max_batch=2, chunk=MATRIX)
       st, pos, slot = eng.state, eng.v_pos.bind(100), eng.v_slot.bind(1)
-      for T in (1, 4, eng.chunk):  # decode, a verify step, a prefill chunk
+      for T in sizes:
         current = (context, T)
         out = eng.model(st.prompt[pos:pos + T] if T > 1 else st.next_tok[0:1], Rows((pos,), T, slot), all_rows=T == 4)
         for call in out.linear_with_vars()[0].src:
           if call.op is Ops.CALL and call.src[0].op is Ops.SINK: cg.full_rewrite_to_sink(call.src[0], Device["CPU"].renderer)
   finally: cg.apply_opts = apply_opts
-  for T in (1, 4, eng.chunk):
+  for T in sizes:
     assert keys[(256, T)] == keys[(512, T)], (T, len(keys[(256, T)] - keys[(512, T)]))
