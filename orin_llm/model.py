@@ -100,25 +100,47 @@ def softmax_numerator(scores: Tensor, nb, pos: Tensor, qpos: Tensor, scale: floa
 # weight matrices of one input that run as one product: name of the fused weight -> the matrices it stacks
 FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}
 
+def runs_of(members: tuple[str, ...], qtype) -> list[tuple[str, ...]]:
+  """members split into runs of consecutive matrices of one type (qtype: member -> type), in order."""
+  out: list[tuple[str, ...]] = []
+  for m in members:
+    if out and qtype(out[-1][-1]) == qtype(m): out[-1] += (m,)
+    else: out.append((m,))
+  return out
+
+def run_name(fused: str, run: tuple[str, ...]) -> str:
+  """The name a stacked run of FUSED[fused]'s members is loaded under: the fused name when it holds all of them, else
+  its members' names joined by '+' (attn_q+attn_k, where attn_v has another type)."""
+  return fused if run == FUSED[fused] else "+".join(run)
+
 def fused_groups(cfg: ModelConfig, types: dict) -> dict[str, list[str]]:
-  """Fused tensor name -> its members' names, for the groups whose members share one type (tensor name -> type):
-  the loader stacks their quantized rows on the host, so the device holds each matrix once, in one buffer."""
+  """Fused tensor name -> its members' names: each run of a FUSED group's members that share one type (tensor name ->
+  type), where it holds two or more. The loader stacks their quantized rows on the host, so the device holds each run
+  once, in one buffer. llama-quantize's Q4_K_M gives attn_v (and ffn_down) Q6_K in some layers and Q4_K in others:
+  there Q and K still run as one product, V as another (three products before)."""
   out = {}
   for i in range(cfg.n_layers):
     for fused, parts in FUSED.items():
-      names = [f"blk.{i}.{m}.weight" for m in parts]
-      if len({types[n] for n in names}) == 1: out[f"blk.{i}.{fused}.weight"] = names
+      for run in runs_of(parts, lambda m: types[f"blk.{i}.{m}.weight"]):
+        if len(run) > 1: out[f"blk.{i}.{run_name(fused, run)}.weight"] = [f"blk.{i}.{m}.weight" for m in run]
   return out
 
 class Fused:
-  """Matrices of one input (FUSED[name]) applied as one matvec and split after, where the loader stacked them;
-  one by one where their types differ."""
+  """Matrices of one input (FUSED[name]) applied as few products as the loader stacked them into (fused_groups), the
+  outputs split after, in the members' order."""
   def __init__(self, w: dict, prefix: str, name: str):
-    if (f := w.get(prefix + name + ".weight")) is not None: self.parts, self.sizes = [f], list(f.splits)
-    else: self.parts, self.sizes = [w[prefix + m + ".weight"] for m in FUSED[name]], None
+    members, self.parts = FUSED[name], []  # (weight, row counts of the members it stacks, or None: one member)
+    i = 0
+    while i < len(members):
+      # the longest run from member i that was loaded stacked, else member i alone
+      j = next((j for j in range(len(members), i + 1, -1) if prefix + run_name(name, members[i:j]) + ".weight" in w), i + 1)
+      wt = w[prefix + (run_name(name, members[i:j]) if j > i + 1 else members[i]) + ".weight"]
+      self.parts.append((wt, list(wt.splits) if j > i + 1 else None))
+      i = j
   def __call__(self, x: Tensor) -> list[Tensor]:
-    if self.sizes: return list(self.parts[0](x).split(self.sizes, dim=-1))
-    return [w(x) for w in self.parts]
+    out = []
+    for wt, sizes in self.parts: out += wt(x).split(sizes, dim=-1) if sizes else [wt(x)]
+    return out
 
 class Block:
   def __init__(self, cfg: ModelConfig, w: dict, i: int, capacity: int, slots: int, device: str):

@@ -163,3 +163,35 @@ def test_chunk_size_classes_match_reference(model, rng):
   next(iter(eng.generate(prompt, 1)))
   assert rel_err(eng.state.logits[0].numpy(), want) < 1e-2
   assert_greedy_matches(ref, want, list(eng.generate(prompt, 6)))
+
+def test_mixed_types_fuse_the_runs_that_share_one(tmp_path, rng):
+  """llama-quantize's Q4_K_M keeps attn_v and ffn_down of some layers in Q6_K (synth.llama_quantize_types: here layer 1
+  of 2). There Q and K still run as one product (attn_q+attn_k) and V as another, which tinygrad fuses into the kernel
+  storing the new keys and values: a decode step runs as many kernels as a file of one type's (one more with Q and K
+  apart). Logits against the float64 reference."""
+  from tinygrad.uop.ops import Ops
+  from orin_llm.model import fused_groups
+  from orin_llm.synth import llama_quantize_types
+  shape = preset("tiny-llama")
+  main, types = llama_quantize_types(shape, "Q4_K_M")
+  assert types.get("blk.1.attn_v.weight") == QT.Q6_K and "blk.0.attn_v.weight" not in types
+  mixed = write_model(tmp_path / "q4_k_m.gguf", shape, main, LLAMA_VOCAB, seed=seed_for("q4_k_m"), types=types, vocab_size=VOCAB)
+  plain = write_model(tmp_path / "q4_k.gguf", shape, main, LLAMA_VOCAB, seed=seed_for("q4_k_m"), types={"token_embd.weight": QT.Q6_K}, vocab_size=VOCAB)
+  qtypes = {f"blk.{i}.{m}.weight": QT.Q6_K if f"blk.{i}.{m}.weight" in types else main
+            for i in range(2) for m in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")}
+  assert fused_groups(shape, qtypes) == {
+    "blk.0.attn_qkv.weight": ["blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"],
+    "blk.0.ffn_gate_up.weight": ["blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"],
+    "blk.1.attn_q+attn_k.weight": ["blk.1.attn_q.weight", "blk.1.attn_k.weight"],
+    "blk.1.ffn_gate_up.weight": ["blk.1.ffn_gate.weight", "blk.1.ffn_up.weight"]}
+  def kernels(eng) -> int:
+    linear, _ = eng.steps.one_decode(eng.v_pos.bind(5), eng.v_slot.bind(0)).linear_with_vars()
+    return sum(c.op is Ops.CALL and c.src[0].op is Ops.SINK for c in linear.src)
+  eng = Engine(mixed, max_context=CONTEXT, chunk=8)
+  assert kernels(eng) == kernels(Engine(plain, max_context=CONTEXT, chunk=8))
+  ref = Reference(mixed)
+  prompt = rng.integers(0, VOCAB, 9).tolist()
+  for t in prompt[:-1]: ref.step(t)
+  assert rel_err(eng.forward(prompt, 0), ref.step(prompt[-1])) < 1e-2
+  for t in rng.integers(0, VOCAB, 3).tolist():
+    assert rel_err(eng.forward([t], len(eng.cached)), ref.step(t)) < 1e-2
