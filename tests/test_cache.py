@@ -232,11 +232,13 @@ def test_step_kernels_do_not_depend_on_the_context(tiny, monkeypatch):
       current = None  # the engine's load realizes kernels of its own
       eng = Engine(tiny, max_context=context, device="CPU", max_batch=2, chunk=MATRIX)
       st, pos, slot = eng.state, eng.v_pos.bind(100), eng.v_slot.bind(1)
-      for T in sizes:
+      batch = Rows(tuple(v.bind(90 + 3 * b) for b, v in enumerate(eng.v_rows[:2])), 1, 0, eng.v_blocks.bind(1))
+      for T in sizes + ("batch",):  # and a batched decode step of two sequences
         current = (context, T)
-        out = eng.model(st.prompt[pos:pos + T] if T > 1 else st.next_tok[0:1], Rows((pos,), T, slot), all_rows=T == 4)
+        if T == "batch": out = eng.model(st.next_tok[0:2], batch)
+        else: out = eng.model(st.prompt[pos:pos + T] if T > 1 else st.next_tok[0:1], Rows((pos,), T, slot), all_rows=T == 4)
         for call in out.linear_with_vars()[0].src:
           if call.op is Ops.CALL and call.src[0].op is Ops.SINK: cg.full_rewrite_to_sink(call.src[0], Device["CPU"].renderer)
   finally: cg.apply_opts = apply_opts
-  for T in sizes:
+  for T in sizes + ("batch",):
     assert keys[(256, T)] == keys[(512, T)], (T, len(keys[(256, T)] - keys[(512, T)]))
