@@ -88,6 +88,15 @@ class Rows:
 # softmax's denominator; a multiple of 8, so that the product stays on tensor cores
 DENOM_COLUMNS = 8
 
+def row_columns(head_dim: int) -> int:
+  """Columns of V with ones appended in decode and verify rows' product (attend_rows): the fewest above head_dim that
+  are a multiple of 16 and not of 3 (80 for 64, 160 for 128). tinygrad's hand-coded opts then give each thread 4
+  consecutive columns (a multiple of 3 gets 3: three 2-byte loads rather than one 8-byte load) and put 4 or 8 threads
+  side by side along them, so that a warp reads whole 32-byte sectors of V's rows (CUDA source rendered on the CPU)."""
+  c = head_dim + 1
+  while c % 16 or c % 3 == 0: c += 1
+  return c
+
 def softmax_numerator(scores: Tensor, nb, pos: Tensor, qpos: Tensor, scale: float) -> Tensor:
   """exp(s - max) of scores (nb, ..., KV_BLOCK) over keys 0 .. nb*KV_BLOCK-1, the block count first, masked to the
   keys at or before each query's position (causal, and the last block's tail); qpos broadcasts against scores' middle
@@ -193,7 +202,7 @@ class Block:
   def attend_rows(self, q: Tensor, kv: Tensor, nb, pos: Tensor, qpos: Tensor, scale: float) -> Tensor:
     """Few query rows (decode, verify): split over the keys as flash-decoding does. Per segment of keys (key
     (j * SEGMENTS + s) * KB + k is key k of segment s in block j, KB = SEGMENT): the maximum, and the
-    exp-weighted sum of V with a column of ones appended, which gives the softmax's denominator; then the segments
+    exp-weighted sum of V with columns of ones appended (row_columns), which gives the softmax's denominator; then the segments
     are combined, each weighted by exp(its max - the overall max). The probabilities are never written out."""
     B, KV, g, T, D = q.shape
     S, KB = SEGMENTS, SEGMENT
@@ -209,14 +218,19 @@ class Block:
     kpos = pos.reshape(-1, S, KB)[0:nb].reshape(nb, 1, 1, 1, 1, S, KB)
     scores = (kpos <= qpos.reshape(1, B, 1, 1, T, 1, 1)).where(scores * scale, MASKED)
     m = scores.max((0, -1), keepdim=True)  # (1, B, KV, g, T, S, 1): each segment's maximum
-    vals1 = vals.pad(((0, 0), (0, 0), (0, 0), (0, 0), (0, 0), (0, 1)), value=1.0).reshape(nb, B, KV, 1, 1, S, KB, D + 1)
+    C = row_columns(D)
+    vals1 = vals.pad(((0, 0), (0, 0), (0, 0), (0, 0), (0, 0), (0, C - D)), value=1.0).reshape(nb, B, KV, 1, 1, S, KB, C)
     # written out, so that the segments stay apart: as one expression with the combination below, tinygrad fused both
     # into one reduction over every key (a few thousand threads walking the whole context: 1263 us a layer for the 8B's
-    # head_dim 128 at depth 4000 with hand-coded opts; 47 us split, H100, docs/PERF.md)
-    part = ((scores - m).exp().unsqueeze(-1) * vals1).sum((0, -2)).contiguous()  # (B, KV, g, T, S, D + 1)
-    m = m.reshape(B, KV, g, T, S, 1)
-    acc = (part * (m - m.max(-2, keepdim=True)).exp()).sum(-2)  # (B, KV, g, T, D + 1)
-    return acc[..., :D] / acc[..., D:]
+    # head_dim 128 at depth 4000 with hand-coded opts; 47 us split, H100, docs/PERF.md). The columns first in that
+    # buffer, so that the threads side by side in a warp take consecutive columns of V (the first axis is the first
+    # thread axis); laid out (B, KV, g, T, S, D + 1), a warp's 32 threads read one 2-byte value of V each from 32 rows
+    # or heads, and each column was its own thread block: every 32-byte sector of V fetched 16 times (1B: 27.7 us a
+    # layer at depth 4000, H100, eighth session; V's 4 MB take ~1.5 us at the copy bandwidth)
+    part = ((scores - m).exp().unsqueeze(-1) * vals1).sum((0, -2)).permute(5, 0, 1, 2, 3, 4).contiguous()  # (C, B, KV, g, T, S)
+    m = m.reshape(B, KV, g, T, S)
+    acc = (part * (m - m.max(-1, keepdim=True)).exp()).sum(-1).permute(1, 2, 3, 4, 0)  # (B, KV, g, T, C)
+    return acc[..., :D] / acc[..., D:D + 1]
 
   def attend_chunk(self, q: Tensor, kv: Tensor, nb, pos: Tensor, qpos: Tensor, scale: float) -> Tensor:
     """A prefill chunk of one sequence: the scores and the product with V as float16 products with float32 sums

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
-from orin_llm.model import Block, KV_BLOCK, ROW_BLOCK, SEGMENT, SEGMENTS, kv_capacity
+from orin_llm.model import Block, KV_BLOCK, ROW_BLOCK, SEGMENT, SEGMENTS, kv_capacity, row_columns
 
 KV, G, D = 2, 3, 16  # kv heads, query heads per kv head, head dim
 
@@ -65,8 +65,8 @@ def test_chunk_matrix_form(rng):
   run(rng, (start + np.arange(32)).reshape(1, 32), rows=False)
 
 def test_segment_sums_stay_a_kernel_of_their_own():
-  """The split must survive scheduling: each segment's exp-weighted sum of [V, 1] is written out as (B, KV, g, T,
-  SEGMENTS, D + 1), and another kernel combines the segments. Left as one expression, tinygrad fused the sums and
+  """The split must survive scheduling: each segment's exp-weighted sum of V with columns of ones is written out as
+  (C, B, KV, g, T, SEGMENTS), C = model.row_columns(D), and another kernel combines the segments. Left as one expression, tinygrad fused the sums and
   their combination into one reduction over every key, a few thousand threads each walking the whole context (the
   8B's head_dim 128: 1263 us a layer at depth 4000 with the hand-coded opts, H100, docs/PERF.md)."""
   from tinygrad import UOp
@@ -78,7 +78,7 @@ def test_segment_sums_stay_a_kernel_of_their_own():
   out = Block.attend_rows(None, q, cache.reshape(-1, ROW_BLOCK, B, 2, KV, D)[0:nb], nb, Tensor.arange(L, dtype=dtypes.int32), qpos, 0.25)
   linear, _ = out.linear_with_vars()
   written = [math.prod(call.src[1].shape) for call in linear.src if call.op is Ops.CALL and call.src[0].op is Ops.SINK]
-  assert B * KV * G * T * SEGMENTS * (D + 1) in written, written
+  assert B * KV * G * T * SEGMENTS * row_columns(D) in written, written
 
 def test_chunk_attention_kernels(tmp_path, monkeypatch):
   """A prefill chunk's attention in the engine's own graph (its block count an expression of start_pos), each kernel
@@ -156,3 +156,34 @@ def test_cache_reads_need_no_division(tmp_path, monkeypatch):
       src = graph_rewrite(UOp(Ops.PROGRAM, src=(sink,), arg=ProgramInfo.from_sink(sink, ren.target)), pm, ctx=ren).src[-1].arg
       loads = [l for l in src.splitlines() if re.search(rf"\(data\d+_{cache_size}\+", l) and "=" in l]
       assert loads and not any(re.search(r"[/%]\s*\(?(alu|data)", l) for l in loads), (T, sink.arg.name, [l for l in loads if "%" in l or "/" in l][:3])
+
+def test_segment_sums_read_v_in_vectors(tmp_path):
+  """The decode step's segment sums, optimized by the hand-coded opts for a CUDA renderer (constructed without a GPU),
+  load V in 8-byte vectors, 4 consecutive columns a thread: the sums are written columns first and V's columns padded
+  to a multiple of 16 that is not one of 3 (model.row_columns). Laid out (B, KV, g, T, S, D + 1), every load was one
+  2-byte value, a warp's threads reading 32 rows or heads apart, each column a thread block of its own (1B: 27.7 us a
+  layer at depth 4000, H100, docs/PERF.md eighth session)."""
+  import re
+  from tinygrad.codegen import full_rewrite_to_sink, do_linearize, do_render, ProgramInfo
+  from tinygrad.helpers import Target
+  from tinygrad.renderer.cstyle import CUDARenderer
+  from tinygrad.uop.ops import Ops, PatternMatcher, UPat, UOp, graph_rewrite
+  from conftest import LLAMA_VOCAB
+  from orin_llm import quant
+  from orin_llm.engine import Engine
+  from orin_llm.synth import write_model, preset
+  path = write_model(tmp_path / "tiny.gguf", preset("tiny-llama"), quant.QT.Q4_K, LLAMA_VOCAB, seed=0, vocab_size=2048)
+  eng = Engine(path, max_context=1024, device="CPU")
+  cfg = eng.cfg
+  ren = CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)
+  pm = PatternMatcher([(UPat(Ops.PROGRAM, src=(UPat(Ops.SINK, name="sink"),), name="prg"), do_linearize),
+                       (UPat(Ops.PROGRAM, src=(UPat(), UPat(Ops.LINEAR, name="lin")), name="prg"), do_render)])
+  linear, _ = eng.steps.one_decode(eng.v_pos.bind(700), eng.v_slot.bind(0)).linear_with_vars()
+  size = cfg.n_heads * SEGMENTS * row_columns(cfg.head_dim)
+  sums = [c for c in linear.src if c.op is Ops.CALL and c.src[0].op is Ops.SINK and math.prod(c.src[1].shape) == size]
+  assert len(sums) == cfg.n_layers, len(sums)
+  sink = full_rewrite_to_sink(sums[0].src[0], ren)
+  src = graph_rewrite(UOp(Ops.PROGRAM, src=(sink,), arg=ProgramInfo.from_sink(sink, ren.target)), pm, ctx=ren).src[-1].arg
+  cache = math.prod(eng.model.blocks[0].cache.shape)
+  loads = [l.strip() for l in src.splitlines() if re.search(rf"\(data\d+_{cache}\+", l) and "=" in l]
+  assert loads and all(l.startswith("half4 ") for l in loads), (sink.arg.applied_opts, loads[:4])
