@@ -3,7 +3,7 @@ Ctrl-C (or a SIGTERM handler that raises, as `orin-llm prewarm` installs) arrivi
 workers already started running with nobody to end them: Pool.__init__ cleans up on Exception only, and worker_pool was
 not set yet. A forkserver worker orphaned so printed a FileNotFoundError traceback after the process exited (CI saw it
 in tests/test_cache.py::test_prewarm_stopped_by_sigterm_ends_quietly)."""
-import os, subprocess, sys, textwrap
+import os, signal, subprocess, sys, textwrap
 import pytest
 
 # The signal is sent from inside the start of a randomly chosen worker (not the first), as if it arrived right then.
@@ -41,3 +41,31 @@ def test_signal_while_the_pool_starts_leaves_no_worker_behind(tmp_path, ctx, sig
   want = "Stopped" if sig == "SIGTERM" else "KeyboardInterrupt"
   assert f"interrupted {want} with the pool set" in r.stdout and "started 4 left running 0" in r.stdout, r.stdout + r.stderr[-3000:]
   assert "Traceback" not in r.stderr, r.stderr[-3000:]
+
+# A forked worker inherits the handlers of the moment it was forked: those that hold the signals while the pool starts. It must still end
+# on the SIGTERM that Pool.terminate sends it (each worker is joined after): before, every forked pool's terminate() waited for good
+# (test_0010's stalled pool was never replaced).
+TERMINATE = textwrap.dedent("""
+  import signal, time
+  from tinygrad.engine import worker
+  signal.signal(signal.SIGTERM, lambda signum, frame: None)  # a handler of the parent's own, as a service has
+  pool = worker.get_worker_pool()
+  busy = pool.apply_async(time.sleep, (600,))  # one worker busy, the other waiting for a task
+  time.sleep(1)
+  t = time.perf_counter()
+  worker.terminate_worker_pool()
+  print("terminated in", round(time.perf_counter() - t, 1), "s")
+""")
+
+def test_forked_workers_end_on_terminate(tmp_path):
+  (tmp_path / "terminate.py").write_text(TERMINATE)
+  env = {**os.environ, "DEV": "CPU", "PARALLEL": "2", "BEAM_MP_CTX": "fork"}
+  p = subprocess.Popen([sys.executable, str(tmp_path / "terminate.py")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       start_new_session=True)
+  try: out, err = p.communicate(timeout=60)
+  except subprocess.TimeoutExpired:
+    out, err = "", "terminate() did not return in 60 s"
+  finally:
+    try: os.killpg(p.pid, signal.SIGKILL)  # the workers, when they did not end
+    except ProcessLookupError: pass
+  assert "terminated in" in out, err[-3000:]
