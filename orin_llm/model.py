@@ -225,8 +225,8 @@ class Block:
     # head_dim 128 at depth 4000 with hand-coded opts; 47 us split, H100, docs/PERF.md). The columns first in that
     # buffer, so that the threads side by side in a warp take consecutive columns of V (the first axis is the first
     # thread axis); laid out (B, KV, g, T, S, D + 1), a warp's 32 threads read one 2-byte value of V each from 32 rows
-    # or heads, and each column was its own thread block: every 32-byte sector of V fetched 16 times (1B: 27.7 us a
-    # layer at depth 4000, H100, eighth session; V's 4 MB take ~1.5 us at the copy bandwidth)
+    # or heads, and each column was its own thread block: every 32-byte sector of V fetched 16 times (1B: 32.1 us a
+    # layer timed alone at depth 4000, H100, eighth session; V's 4 MB take ~1.5 us at the copy bandwidth)
     part = ((scores - m).exp().unsqueeze(-1) * vals1).sum((0, -2)).permute(5, 0, 1, 2, 3, 4).contiguous()  # (C, B, KV, g, T, S)
     m = m.reshape(B, KV, g, T, S)
     acc = (part * (m - m.max(-1, keepdim=True)).exp()).sum(-1).permute(1, 2, 3, 4, 0)  # (B, KV, g, T, C)
@@ -254,10 +254,11 @@ class Block:
     keys = kv[:, :, 0, 0].permute(0, 2, 1, 3).reshape(nb, KV, 1, 1, KV_BLOCK, D)
     scores = (q16 * keys).sum(-1, dtype=dtypes.float32)
     e = softmax_numerator(scores, nb, pos, qpos.reshape(1, 1, T, 1), scale)
-    # probabilities written in key order, float16, then one product with V over every key (the block count and the
-    # keys of a block); V's columns padded with ones give the denominator too (as attend_rows does), rather than a
-    # kernel of its own reading the probabilities again. Eight of them: with one column more (65) the product had no
-    # tensor cores
+    # probabilities written in key order, float16, then one product with V over every key: the buffer's block count
+    # and keys of a block seen as one axis (a view, no copy), since the hand-coded opts try tensor cores only on a
+    # kernel with one reduce axis (summed over both, the product had none). V's columns padded with ones give the
+    # denominator too (as attend_rows does), rather than a kernel of its own reading the probabilities again. Eight of
+    # them: with one column more (65) the product had no tensor cores
     p16 = e.cast(dtypes.float16).contiguous().permute(1, 2, 3, 0, 4).reshape(KV, g * T, nb * KV_BLOCK)
     vals1 = kv[:, :, 0, 1].permute(2, 0, 1, 3).reshape(KV, nb * KV_BLOCK, D).pad(((0, 0), (0, 0), (0, DENOM_COLUMNS)), value=1.0)
     acc = p16.matmul(vals1, dtype=dtypes.float32).reshape(KV, g, T, D + DENOM_COLUMNS)

@@ -161,8 +161,8 @@ def test_segment_sums_read_v_in_vectors(tmp_path):
   """The decode step's segment sums, optimized by the hand-coded opts for a CUDA renderer (constructed without a GPU),
   load V in 8-byte vectors, 4 consecutive columns a thread: the sums are written columns first and V's columns padded
   to a multiple of 16 that is not one of 3 (model.row_columns). Laid out (B, KV, g, T, S, D + 1), every load was one
-  2-byte value, a warp's threads reading 32 rows or heads apart, each column a thread block of its own (1B: 27.7 us a
-  layer at depth 4000, H100, docs/PERF.md eighth session)."""
+  2-byte value, a warp's threads reading 32 rows or heads apart, each column a thread block of its own (1B: 32.1 us a
+  layer timed alone at depth 4000, H100, docs/PERF.md eighth session)."""
   import re
   from tinygrad.codegen import full_rewrite_to_sink, do_linearize, do_render, ProgramInfo
   from tinygrad.helpers import Target
