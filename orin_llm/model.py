@@ -118,8 +118,8 @@ def runs_of(members: tuple[str, ...], qtype) -> list[tuple[str, ...]]:
   return out
 
 def run_name(fused: str, run: tuple[str, ...]) -> str:
-  """The name a stacked run of FUSED[fused]'s members is loaded under: the fused name when it holds all of them, else
-  its members' names joined by '+' (attn_q+attn_k, where attn_v has another type)."""
+  """The name a run of FUSED[fused]'s members is loaded under: the fused name when it holds all of them, else its
+  members' names joined by '+' (attn_q+attn_k, where attn_v has another type; a lone member keeps its own)."""
   return fused if run == FUSED[fused] else "+".join(run)
 
 def fused_groups(cfg: ModelConfig, types: dict) -> dict[str, list[str]]:
@@ -138,17 +138,14 @@ class Fused:
   """Matrices of one input (FUSED[name]) applied as few products as the loader stacked them into (fused_groups), the
   outputs split after, in the members' order."""
   def __init__(self, w: dict, prefix: str, name: str):
-    members, self.parts = FUSED[name], []  # (weight, row counts of the members it stacks, or None: one member)
-    i = 0
-    while i < len(members):
-      # the longest run from member i that was loaded stacked, else member i alone
-      j = next((j for j in range(len(members), i + 1, -1) if prefix + run_name(name, members[i:j]) + ".weight" in w), i + 1)
-      wt = w[prefix + (run_name(name, members[i:j]) if j > i + 1 else members[i]) + ".weight"]
-      self.parts.append((wt, list(wt.splits) if j > i + 1 else None))
-      i = j
+    members, self.parts = FUSED[name], []
+    while members:  # the longest run of the members left that was loaded as one weight (a lone member: its own name)
+      n = next(n for n in range(len(members), 0, -1) if prefix + run_name(name, members[:n]) + ".weight" in w)
+      self.parts.append(w[prefix + run_name(name, members[:n]) + ".weight"])
+      members = members[n:]
   def __call__(self, x: Tensor) -> list[Tensor]:
     out = []
-    for wt, sizes in self.parts: out += wt(x).split(sizes, dim=-1) if sizes else [wt(x)]
+    for wt in self.parts: out += wt(x).split(list(wt.splits), dim=-1) if wt.splits else [wt(x)]
     return out
 
 class Block:

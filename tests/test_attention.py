@@ -80,6 +80,20 @@ def test_segment_sums_stay_a_kernel_of_their_own():
   written = [math.prod(call.src[1].shape) for call in linear.src if call.op is Ops.CALL and call.src[0].op is Ops.SINK]
   assert B * KV * G * T * SEGMENTS * row_columns(D) in written, written
 
+def cuda_render(ast) -> tuple[tuple, str, str]:
+  """(applied opts, name, CUDA source) of a kernel optimized by the hand-coded opts for an Orin's CUDA renderer,
+  constructed without a GPU (nvcc's: no CUDA library needed)."""
+  from tinygrad.codegen import full_rewrite_to_sink, do_linearize, do_render, ProgramInfo
+  from tinygrad.helpers import Target
+  from tinygrad.renderer.cstyle import CUDARenderer
+  from tinygrad.uop.ops import Ops, PatternMatcher, UPat, UOp, graph_rewrite
+  ren = CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)
+  pm = PatternMatcher([(UPat(Ops.PROGRAM, src=(UPat(Ops.SINK, name="sink"),), name="prg"), do_linearize),
+                       (UPat(Ops.PROGRAM, src=(UPat(), UPat(Ops.LINEAR, name="lin")), name="prg"), do_render)])
+  sink = full_rewrite_to_sink(ast, ren)
+  prg = graph_rewrite(UOp(Ops.PROGRAM, src=(sink,), arg=ProgramInfo.from_sink(sink, ren.target)), pm, ctx=ren)
+  return sink.arg.applied_opts, sink.arg.name, prg.src[-1].arg
+
 def test_chunk_attention_kernels(tmp_path, monkeypatch):
   """A prefill chunk's attention in the engine's own graph (its block count an expression of start_pos), each kernel
   optimized by the hand-coded opts for a CUDA renderer (constructed without a GPU) and rendered:
@@ -89,10 +103,7 @@ def test_chunk_attention_kernels(tmp_path, monkeypatch):
     9.0 ms hand-coded, 1.36 ms found, 1B 512-row chunk at mid context, H100, docs/PERF.md ninth session);
   - the float16 probabilities are read once, by the product with V (with its columns of ones: the denominator),
     on tensor cores; a sum of its own read them again (147 us a layer for that chunk)."""
-  from tinygrad.codegen import full_rewrite_to_sink, do_linearize, do_render, ProgramInfo
-  from tinygrad.helpers import Target
-  from tinygrad.renderer.cstyle import CUDARenderer
-  from tinygrad.uop.ops import Ops, PatternMatcher, UPat, UOp, graph_rewrite
+  from tinygrad.uop.ops import Ops
   from conftest import LLAMA_VOCAB
   from orin_llm import quant
   from orin_llm.engine import Engine
@@ -105,12 +116,7 @@ def test_chunk_attention_kernels(tmp_path, monkeypatch):
   st, cfg, pos = eng.state, eng.cfg, eng.v_pos.bind(POS)
   out = st.logits[0:1].assign(eng.model(st.prompt[pos:pos + T], Rows((pos,), T, eng.v_slot.bind(0)), eng.v_len.bind(T)))
   calls = [c for c in out.linear_with_vars()[0].src if c.op is Ops.CALL and c.src[0].op is Ops.SINK]
-  ren = CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)
-  pm = PatternMatcher([(UPat(Ops.PROGRAM, src=(UPat(Ops.SINK, name="sink"),), name="prg"), do_linearize),
-                       (UPat(Ops.PROGRAM, src=(UPat(), UPat(Ops.LINEAR, name="lin")), name="prg"), do_render)])
-  def render(ast):
-    sink = full_rewrite_to_sink(ast, ren)
-    return sink.arg.applied_opts, graph_rewrite(UOp(Ops.PROGRAM, src=(sink,), arg=ProgramInfo.from_sink(sink, ren.target)), pm, ctx=ren).src[-1].arg
+  render = lambda ast: cuda_render(ast)[::2]  # (opts, source)
   per_layer = cfg.n_heads * T * eng.model.capacity  # scores and probabilities: a value per query head, row and key
   scores = [c for c in calls if math.prod(c.src[1].shape) == per_layer and c.src[1].dtype == dtypes.float32]
   assert len(scores) == cfg.n_layers, "one kernel a layer writes the float32 scores"
@@ -129,10 +135,7 @@ def test_cache_reads_need_no_division(tmp_path, monkeypatch):
   the first nb of them (nb an expression of start_pos). Sliced to nb * block rows first and split into blocks
   after, each of the segment sums' 8 loads of V a step took a modulo by nb * 32 (CUDA source rendered on the CPU)."""
   import re
-  from tinygrad.codegen import full_rewrite_to_sink, do_linearize, do_render, ProgramInfo
-  from tinygrad.helpers import Target
-  from tinygrad.renderer.cstyle import CUDARenderer
-  from tinygrad.uop.ops import Ops, PatternMatcher, UPat, UOp, graph_rewrite
+  from tinygrad.uop.ops import Ops
   from conftest import LLAMA_VOCAB
   from orin_llm import quant
   from orin_llm.engine import Engine
@@ -141,9 +144,6 @@ def test_cache_reads_need_no_division(tmp_path, monkeypatch):
   path = write_model(tmp_path / "tiny.gguf", preset("tiny-llama"), quant.QT.Q4_K, LLAMA_VOCAB, seed=0, vocab_size=2048)
   eng = Engine(path, max_context=1024, device="CPU", max_batch=2)
   st, pos, slot = eng.state, eng.v_pos.bind(700), eng.v_slot.bind(1)
-  ren = CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)
-  pm = PatternMatcher([(UPat(Ops.PROGRAM, src=(UPat(Ops.SINK, name="sink"),), name="prg"), do_linearize),
-                       (UPat(Ops.PROGRAM, src=(UPat(), UPat(Ops.LINEAR, name="lin")), name="prg"), do_render)])
   cache_size = math.prod(eng.model.blocks[0].cache.shape)
   monkeypatch.setattr(quant, "MATMUL_ROWS", 32)
   for T in (1, 4, 64):  # decode, a verify step of 4 rows, a prefill chunk (the matrix form, as on a GPU)
@@ -152,10 +152,9 @@ def test_cache_reads_need_no_division(tmp_path, monkeypatch):
                any(math.prod(b.shape) == cache_size for b in c.src[2:])]
     assert len(readers) >= 2 * eng.cfg.n_layers, len(readers)  # keys and values, each layer
     for c in readers:
-      sink = full_rewrite_to_sink(c.src[0], ren)
-      src = graph_rewrite(UOp(Ops.PROGRAM, src=(sink,), arg=ProgramInfo.from_sink(sink, ren.target)), pm, ctx=ren).src[-1].arg
+      _, name, src = cuda_render(c.src[0])
       loads = [l for l in src.splitlines() if re.search(rf"\(data\d+_{cache_size}\+", l) and "=" in l]
-      assert loads and not any(re.search(r"[/%]\s*\(?(alu|data)", l) for l in loads), (T, sink.arg.name, [l for l in loads if "%" in l or "/" in l][:3])
+      assert loads and not any(re.search(r"[/%]\s*\(?(alu|data)", l) for l in loads), (T, name, [l for l in loads if "%" in l or "/" in l][:3])
 
 def test_segment_sums_read_v_in_vectors(tmp_path):
   """The decode step's segment sums, optimized by the hand-coded opts for a CUDA renderer (constructed without a GPU),
@@ -164,10 +163,7 @@ def test_segment_sums_read_v_in_vectors(tmp_path):
   2-byte value, a warp's threads reading 32 rows or heads apart, each column a thread block of its own (1B: 32.1 us a
   layer timed alone at depth 4000, H100, docs/PERF.md eighth session)."""
   import re
-  from tinygrad.codegen import full_rewrite_to_sink, do_linearize, do_render, ProgramInfo
-  from tinygrad.helpers import Target
-  from tinygrad.renderer.cstyle import CUDARenderer
-  from tinygrad.uop.ops import Ops, PatternMatcher, UPat, UOp, graph_rewrite
+  from tinygrad.uop.ops import Ops
   from conftest import LLAMA_VOCAB
   from orin_llm import quant
   from orin_llm.engine import Engine
@@ -175,15 +171,11 @@ def test_segment_sums_read_v_in_vectors(tmp_path):
   path = write_model(tmp_path / "tiny.gguf", preset("tiny-llama"), quant.QT.Q4_K, LLAMA_VOCAB, seed=0, vocab_size=2048)
   eng = Engine(path, max_context=1024, device="CPU")
   cfg = eng.cfg
-  ren = CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)
-  pm = PatternMatcher([(UPat(Ops.PROGRAM, src=(UPat(Ops.SINK, name="sink"),), name="prg"), do_linearize),
-                       (UPat(Ops.PROGRAM, src=(UPat(), UPat(Ops.LINEAR, name="lin")), name="prg"), do_render)])
   linear, _ = eng.steps.one_decode(eng.v_pos.bind(700), eng.v_slot.bind(0)).linear_with_vars()
   size = cfg.n_heads * SEGMENTS * row_columns(cfg.head_dim)
   sums = [c for c in linear.src if c.op is Ops.CALL and c.src[0].op is Ops.SINK and math.prod(c.src[1].shape) == size]
   assert len(sums) == cfg.n_layers, len(sums)
-  sink = full_rewrite_to_sink(sums[0].src[0], ren)
-  src = graph_rewrite(UOp(Ops.PROGRAM, src=(sink,), arg=ProgramInfo.from_sink(sink, ren.target)), pm, ctx=ren).src[-1].arg
+  opts, _, src = cuda_render(sums[0].src[0])
   cache = math.prod(eng.model.blocks[0].cache.shape)
   loads = [l.strip() for l in src.splitlines() if re.search(rf"\(data\d+_{cache}\+", l) and "=" in l]
-  assert loads and all(l.startswith("half4 ") for l in loads), (sink.arg.applied_opts, loads[:4])
+  assert loads and all(l.startswith("half4 ") for l in loads), (opts, loads[:4])

@@ -54,7 +54,7 @@ def decode_kernels(eng: Engine) -> list[tuple[set[str], set[str], object]]:
   for i, b in enumerate(m.blocks):
     for name, fused in (("qkv", b.qkv), ("gate_up", b.gate_up)):
       assert len(fused.parts) == 1, f"{name} of layer {i} is not fused"
-      planes(f"blk.{i}.{name}", fused.parts[0][0])
+      planes(f"blk.{i}.{name}", fused.parts[0])
     planes(f"blk.{i}.attn_output", b.wo); planes(f"blk.{i}.ffn_down", b.down)
   other = {eng.state.next_tok.uop.base: "tok_buf", m.rope.uop.base: "rope"} | {b.cache.uop.base: f"blk.{i}.cache" for i, b in enumerate(m.blocks)}
   linear, var_vals = eng.steps.one_decode(eng.v_pos.bind(POS), eng.v_slot.bind(0)).linear_with_vars()
