@@ -19,7 +19,9 @@ fi
 # tinygrad's kernel cache (BEAM results included): brought along from the last run, sent back after this one
 export CACHEDB=/tmp/beam.db
 [ -f .dev/beam.db.xz ] && [ ! -f $CACHEDB ] && xz -dc .dev/beam.db.xz > $CACHEDB
-trap 'xz -9e -T16 -c $CACHEDB > $OUT/beam.db.xz 2>/dev/null' EXIT
+# KC=DIR: the database a prewarm makes in DIR is the one sent back (its name is known once it exists). The write-ahead
+# log is folded in first: a process killed mid-search leaves its newest results there.
+trap 'db=${KC:+$(ls $KC/kernels-*.db 2>/dev/null | head -1)}; db=${db:-$CACHEDB}; python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute(\"pragma wal_checkpoint(TRUNCATE)\")" $db 2>/dev/null; xz -3 -T16 -c $db > $OUT/beam.db.xz 2>/dev/null' EXIT
 LL=$(bash .baseline/llama-baseline.sh | head -1)
 LB=$LL/llama-bench LS=$LL/llama-server  # llama-bench for `orin-llm bench`, llama-server for scripts/load_bench.py
 eval "$1"
