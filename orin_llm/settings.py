@@ -70,19 +70,20 @@ def beam_width() -> int:
 # ------------------------------------------------------------------ the BEAM search
 
 
-# tinygrad's BEAM knobs (pkgs/tinygrad patches 0007-0011) as prewarm, serve and bench set them, each only where the
-# environment does not. Measured once (H100, 2026-11-23, docs/PERF.md "fifth session"): with a limit of 8 s and 3 rounds
-# per kernel, a 1B model's ~100 kernels took more than 400 s and decode ran at 0.67x llama.cpp (the attention kernels'
-# reductions over 256 keys got poor splits: exp(s - max) @ V 74 us a layer where a full search found 19 us for blocks of
-# 32). Kernels timed under ~40 us on the H100 sit at the timer's floor and gained at most 20 us from any search. Until a
-# search that is both short and good is measured, these favour speed: small kernels take the hand-coded opts, large ones
-# are searched without a round limit for up to a minute each.
+# tinygrad's BEAM knobs (pkgs/tinygrad patches 0007-0019) as prewarm, serve and bench set them, each only where the
+# environment does not. Measured (H100, docs/PERF.md): the fifth session's limit of 8 s and 3 rounds a kernel cost
+# decode a third (the attention's reductions got poor splits). The twelfth session: kernels judged alone against a
+# 40 us floor left the decode step's Q/K/V and output matvecs (37 and 32 us with the hand-coded opts, 16 of each a
+# step) unsearched, and decode ran at 520 tok/s; its kernels searched gave 702. A kernel's weight is its time times
+# the calls of the step that run it (patch 0019): 300 us keeps out what runs once a step in under 300 us (tables,
+# sampling, the 512-row chunk's float16 embedding) and, once a layer, in under ~19 us (16 layers) where the H100's
+# timer floor (10-20 us) hides any gain. In the 1B prefill chunk's search no round after 30 s gained.
 SEARCH_DEFAULTS = {
   "BEAM_MP_CTX": "forkserver",  # workers fork from a fresh single-threaded server: no lock of ours inherited (issue 25's hang), no re-import
   "BEAM_FROM_HEURISTIC": "1",   # the hand-coded opts (patch 0003) are timed first and start the search: never ends slower than them
-  "BEAM_MIN_US": "40",          # a kernel under 40 us with the hand-coded opts is not searched (norms, element-wise, small reductions)
+  "BEAM_MIN_US": "300",         # a kernel under 300 us a step with the hand-coded opts (its time x its calls in the step, 0019) is not searched
   "BEAM_MAX_ROUNDS": "0",       # no round limit (each round adds one opt to the beam's members)
-  "BEAM_TIME_LIMIT": "60",      # seconds per kernel; the best so far is kept
+  "BEAM_TIME_LIMIT": "30",      # seconds per kernel; the best so far is kept
   "BEAM_RETIME": "3",           # the 3 best and the heuristic timed again 10 times on the full grid, caches cleared: a steadier pick
   "BEAM_SEEDS": "16",           # up to 16 opts that earlier searches chose (this process's newest first, then the database's) timed first, beside the heuristic (0014)
   "BEAM_SEED_ROUNDS": "1",      # a search that starts from such a seed runs one round more, not until no round helps
