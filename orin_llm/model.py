@@ -17,7 +17,7 @@ Layout choices that keep the decode step to few kernels:
 - attention reads keys in blocks of a constant size, and its denominator comes out of the product with V.
 """
 from __future__ import annotations
-import math
+import math, os
 from dataclasses import dataclass
 import numpy as np
 from tinygrad import Tensor, UOp, dtypes
@@ -33,7 +33,10 @@ from orin_llm import quant
 # kernel optimizer instead (a GROUP over 256 key lanes), a bounded BEAM search did not find the split: 120 us a layer
 # (H100, docs/PERF.md). Long blocks cost their masked tail: up to ROW_BLOCK-1 keys read and thrown away, every step.
 KV_BLOCK = 256
-SEGMENTS, SEGMENT = 32, 8  # blocks of 1024 (64 x 16) and 512 (32 x 16) decoded slower at every depth (docs/PERF.md)
+# Blocks of 1024 (64 x 16) and 512 (32 x 16) decoded slower at every depth (sixth session, their kernels barely
+# searched). ORIN_LLM_DECODE_SEGMENTS=n (an experiment's knob, default 32; part of the steps file's key): n segments of
+# 8 keys, e.g. 128 for blocks of 1024 with a quarter of the serial steps at depth (docs/PERF.md, twelfth session)
+SEGMENTS, SEGMENT = int(os.environ.get("ORIN_LLM_DECODE_SEGMENTS", "32")), 8
 ROW_BLOCK = SEGMENTS * SEGMENT
 # the score of a masked key: finite, so that a segment with no visible key (its maximum this value) gives exp(0) = 1
 # for its keys, sums of finite values, which its weight exp(MASKED - max) = 0 then removes; -inf would give NaN there

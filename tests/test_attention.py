@@ -117,7 +117,9 @@ def test_chunk_attention_kernels(tmp_path, monkeypatch):
   out = st.logits[0:1].assign(eng.model(st.prompt[pos:pos + T], Rows((pos,), T, eng.v_slot.bind(0)), eng.v_len.bind(T)))
   calls = [c for c in out.linear_with_vars()[0].src if c.op is Ops.CALL and c.src[0].op is Ops.SINK]
   render = lambda ast: cuda_render(ast)[::2]  # (opts, source)
-  per_layer = cfg.n_heads * T * eng.model.capacity  # scores and probabilities: a value per query head, row and key
+  # scores and probabilities: a value per query head, row and key of the chunk's whole KV_BLOCKs up to the context and
+  # the chunk (not the cache's capacity, which rounds to the decode form's longer blocks as well)
+  per_layer = cfg.n_heads * T * -(-(eng.max_context + T) // KV_BLOCK) * KV_BLOCK
   scores = [c for c in calls if math.prod(c.src[1].shape) == per_layer and c.src[1].dtype == dtypes.float32]
   assert len(scores) == cfg.n_layers, "one kernel a layer writes the float32 scores"
   opts, src = render(scores[0].src[0])
