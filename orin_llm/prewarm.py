@@ -5,7 +5,7 @@ and, with --beam, their BEAM search results, and the captured steps are kept (st
 BEAM settings: settings.search_defaults() (forkserver workers, a search from the heuristic, bounded),
 each unless the environment sets it. Progress: search_progress.py."""
 from __future__ import annotations
-import argparse, os, signal, sys, time
+import argparse, os, signal, sys, threading, time
 from orin_llm import log, settings
 from orin_llm.warmup import warm_up
 
@@ -15,7 +15,26 @@ class Stopped(KeyboardInterrupt):
   the process left its workers to print BrokenPipeError tracebacks and the resource tracker to warn of leaked
   semaphores."""
 
-def _stop(signum, frame): raise Stopped()
+class _Stop:
+  """The SIGTERM handler. Python runs it between any two bytecodes of the main thread, a finalizer's included, and an
+  exception raised inside a finalizer (tinygrad's UOp.__del__) is printed as "Exception ignored" and dropped: the
+  prewarm then ran on with its workers gone (CI, tests/test_cache.py, one run in four on a loaded CPU). So the first
+  SIGTERM starts a thread that delivers it again every second until the prewarm has caught one, and Stopped never
+  reaches the "Exception ignored" printer."""
+  def __init__(self):
+    self.caught = threading.Event()
+    self._again: threading.Thread | None = None
+    self._unraisable = sys.unraisablehook
+  def __call__(self, signum, frame):
+    if self.caught.is_set(): return  # the prewarm is stopping already
+    if self._again is None:
+      self._again = threading.Thread(target=self._deliver_again, name="sigterm-again", daemon=True)
+      self._again.start()
+    raise Stopped()
+  def _deliver_again(self):
+    while not self.caught.wait(1.0): os.kill(os.getpid(), signal.SIGTERM)
+  def unraisable(self, u):
+    if not isinstance(u.exc_value, Stopped): self._unraisable(u)  # a dropped Stopped is delivered again: no traceback
 
 def add_parser(sub):
   p = sub.add_parser("prewarm", help="fill the kernel cache (compiled and BEAM-searched kernels) for a model on this GPU",
@@ -49,7 +68,9 @@ def cmd_prewarm(args):
   search_progress.install()
   cfg = replace(cfg, model=str(settings.model_path(argparse.Namespace(model=cfg.model))))
   t0 = time.monotonic()
-  signal.signal(signal.SIGTERM, _stop)
+  stop = _Stop()
+  signal.signal(signal.SIGTERM, stop)
+  sys.unraisablehook = stop.unraisable
   try:
     eng, _ = load(cfg)
     log.info(f"prewarm: BEAM {settings.beam_width()} ({os.environ['BEAM_MP_CTX']} workers), compiling the server's steps "
@@ -57,7 +78,7 @@ def cmd_prewarm(args):
              f"{', speculative' if eng.speculator else ''})")
     warm_up(eng, progress=True)
   except KeyboardInterrupt as e:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    stop.caught.set()  # no more deliveries, and the handler ignores a SIGTERM from now on (systemd's SIGKILL ends a cleanup that hangs)
     from tinygrad.engine.worker import terminate_worker_pool
     terminate_worker_pool()  # a pool outside a search (compile batches), or a search that had not caught it yet
     c = kernel_cache.COUNTER
