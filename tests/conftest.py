@@ -95,3 +95,14 @@ def hostile(tmp_path_factory):
   try:
     with running(cfg) as base: yield types.SimpleNamespace(base=base, cfg=cfg, log=log, key=HOSTILE_KEY)
   finally: logging.getLogger().removeHandler(log)
+
+def run_in_own_session(args: list, env: dict, timeout: float) -> tuple[str, str]:
+  """(stdout, stderr) of a command run in a process group of its own; whatever is left of that group afterwards (worker
+  pools, fork servers of a run that hung) is killed. A run past `timeout` gives stdout "" and stderr saying so."""
+  import signal, subprocess
+  p = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+  try: return p.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired: return "", f"{args[-1]} did not return in {timeout} s"
+  finally:
+    try: os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError: pass

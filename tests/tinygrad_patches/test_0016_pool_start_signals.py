@@ -3,8 +3,9 @@ Ctrl-C (or a SIGTERM handler that raises, as `orin-llm prewarm` installs) arrivi
 workers already started running with nobody to end them: Pool.__init__ cleans up on Exception only, and worker_pool was
 not set yet. A forkserver worker orphaned so printed a FileNotFoundError traceback after the process exited (CI saw it
 in tests/test_cache.py::test_prewarm_stopped_by_sigterm_ends_quietly)."""
-import os, signal, subprocess, sys, textwrap
+import os, subprocess, sys, textwrap
 import pytest
+from conftest import run_in_own_session
 
 # The signal is sent from inside the start of a randomly chosen worker (not the first), as if it arrived right then.
 SCRIPT = textwrap.dedent("""
@@ -60,12 +61,5 @@ TERMINATE = textwrap.dedent("""
 def test_forked_workers_end_on_terminate(tmp_path):
   (tmp_path / "terminate.py").write_text(TERMINATE)
   env = {**os.environ, "DEV": "CPU", "PARALLEL": "2", "BEAM_MP_CTX": "fork"}
-  p = subprocess.Popen([sys.executable, str(tmp_path / "terminate.py")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       start_new_session=True)
-  try: out, err = p.communicate(timeout=60)
-  except subprocess.TimeoutExpired:
-    out, err = "", "terminate() did not return in 60 s"
-  finally:
-    try: os.killpg(p.pid, signal.SIGKILL)  # the workers, when they did not end
-    except ProcessLookupError: pass
+  out, err = run_in_own_session([sys.executable, str(tmp_path / "terminate.py")], env, 60)  # the workers killed when they did not end
   assert "terminated in" in out, err[-3000:]

@@ -3,8 +3,9 @@ queues' locks. An idle worker waits for a task holding the task queue's read loc
 `timeout` and systemd send SIGTERM to the whole process group, so the workers (SIGTERM at its default since 0016) died at once, one of
 them holding the lock, and the prewarm's terminate() in its SIGTERM handling waited for good: on the GPU machine `timeout 330 orin-llm
 prewarm` ran on until the call's limit (twelfth session), on CPU half the prewarms signalled so hung (tests/test_cache.py's group test)."""
-import os, signal, subprocess, sys, textwrap
+import os, sys, textwrap
 import pytest
+from conftest import run_in_own_session
 
 SCRIPT = textwrap.dedent("""
   import os, random, signal, time
@@ -23,13 +24,7 @@ SCRIPT = textwrap.dedent("""
 def test_terminate_after_the_workers_were_killed(tmp_path, ctx):
   (tmp_path / "kill_workers.py").write_text(SCRIPT)
   env = {**os.environ, "DEV": "CPU", "PARALLEL": "2", "BEAM_MP_CTX": ctx}
-  p = subprocess.Popen([sys.executable, str(tmp_path / "kill_workers.py")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       start_new_session=True)
-  try: out, err = p.communicate(timeout=30)
-  except subprocess.TimeoutExpired:
-    out, err = "", "terminate_worker_pool() did not return in 30 s"
-  finally:
-    try: os.killpg(p.pid, signal.SIGKILL)  # the replacement workers and the fork server, which wait on the lock for good when it hangs
-    except ProcessLookupError: pass
+  # the replacement workers and the fork server, which wait on the lock for good when it hangs, are killed after
+  out, err = run_in_own_session([sys.executable, str(tmp_path / "kill_workers.py")], env, 30)
   assert "terminated in" in out and "pool None" in out, err[-3000:]
   assert "Traceback" not in err, err[-3000:]
