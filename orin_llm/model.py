@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from tinygrad import Tensor, UOp, dtypes
 from orin_llm.config import ModelConfig
+from orin_llm.errors import OrinError
 from orin_llm import quant
 
 # Keys are attended in blocks, and only the block count is symbolic: a reduction over a symbolic range runs serially
@@ -36,7 +37,13 @@ KV_BLOCK = 256
 # Blocks of 1024 (64 x 16) and 512 (32 x 16) decoded slower at every depth (sixth session, their kernels barely
 # searched). ORIN_LLM_DECODE_SEGMENTS=n (an experiment's knob, default 32; part of the steps file's key): n segments of
 # 8 keys, e.g. 128 for blocks of 1024 with a quarter of the serial steps at depth (docs/PERF.md, twelfth session)
-SEGMENTS, SEGMENT = int(os.environ.get("ORIN_LLM_DECODE_SEGMENTS", "32")), 8
+def decode_segments(env=os.environ) -> int:
+  """ORIN_LLM_DECODE_SEGMENTS: a whole number from 1 to 1024 (default 32)."""
+  raw = env.get("ORIN_LLM_DECODE_SEGMENTS", "32")
+  if not raw.strip().isdigit() or not 1 <= int(raw) <= 1024:
+    raise OrinError(f"ORIN_LLM_DECODE_SEGMENTS={raw!r}: a whole number of segments from 1 to 1024 is needed (default 32)")
+  return int(raw)
+SEGMENTS, SEGMENT = decode_segments(), 8
 ROW_BLOCK = SEGMENTS * SEGMENT
 # the score of a masked key: finite, so that a segment with no visible key (its maximum this value) gives exp(0) = 1
 # for its keys, sums of finite values, which its weight exp(MASKED - max) = 0 then removes; -inf would give NaN there

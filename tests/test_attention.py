@@ -181,3 +181,11 @@ def test_segment_sums_read_v_in_vectors(tmp_path):
   cache = math.prod(eng.model.blocks[0].cache.shape)
   loads = [l.strip() for l in src.splitlines() if re.search(rf"\(data\d+_{cache}\+", l) and "=" in l]
   assert loads and all(l.startswith("half4 ") for l in loads), (opts, loads[:4])
+
+@pytest.mark.parametrize("raw", ["abc", "0", "-4", "1025", "", "8.5"])
+def test_decode_segments_refuses_what_is_not_a_count(raw):
+  """ORIN_LLM_DECODE_SEGMENTS (the decode attention's segments, an experiment's knob): a bound and a one-line error."""
+  from orin_llm.errors import OrinError
+  from orin_llm.model import decode_segments
+  with pytest.raises(OrinError, match="ORIN_LLM_DECODE_SEGMENTS"): decode_segments({"ORIN_LLM_DECODE_SEGMENTS": raw})
+  assert decode_segments({}) == 32 and decode_segments({"ORIN_LLM_DECODE_SEGMENTS": "128"}) == 128
