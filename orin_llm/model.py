@@ -34,14 +34,17 @@ from orin_llm import quant
 # kernel optimizer instead (a GROUP over 256 key lanes), a bounded BEAM search did not find the split: 120 us a layer
 # (H100, docs/PERF.md). Long blocks cost their masked tail: up to ROW_BLOCK-1 keys read and thrown away, every step.
 KV_BLOCK = 256
-# Blocks of 1024 (64 x 16) and 512 (32 x 16) decoded slower at every depth (sixth session, their kernels barely
-# searched). ORIN_LLM_DECODE_SEGMENTS=n (an experiment's knob, default 32; part of the steps file's key): n segments of
-# 8 keys, e.g. 128 for blocks of 1024 with a quarter of the serial steps at depth (docs/PERF.md, twelfth session)
+# Blocks of 1024 keys in 128 segments of 8: at depth 4096 a thread walks 4 blocks, not the 16 of 256-key blocks in 32
+# segments, and the depth's cost per token fell from 0.48 to 0.20 ms (1B Q6_K, H100; llama.cpp's: 0.14), decode at
+# depth 4096 0.68x -> 0.78x llama.cpp, depth 0 unchanged (thirteenth session, docs/PERF.md). The cost: a step reads up
+# to 1023 masked keys (the 1B: 33 MB a token at most, 3% of its weights). Blocks of 1024 (64 x 16) and 512 (32 x 16)
+# had decoded slower (sixth session, their kernels barely searched). ORIN_LLM_DECODE_SEGMENTS=n (an experiment's knob;
+# part of the steps file's key): n segments of 8 keys
 def decode_segments(env=os.environ) -> int:
-  """ORIN_LLM_DECODE_SEGMENTS: a whole number from 1 to 1024 (default 32)."""
-  raw = env.get("ORIN_LLM_DECODE_SEGMENTS", "32")
+  """ORIN_LLM_DECODE_SEGMENTS: a whole number from 1 to 1024 (default 128)."""
+  raw = env.get("ORIN_LLM_DECODE_SEGMENTS", "128")
   if not raw.strip().isdigit() or not 1 <= int(raw) <= 1024:
-    raise OrinError(f"ORIN_LLM_DECODE_SEGMENTS={raw!r}: a whole number of segments from 1 to 1024 is needed (default 32)")
+    raise OrinError(f"ORIN_LLM_DECODE_SEGMENTS={raw!r}: a whole number of segments from 1 to 1024 is needed (default 128)")
   return int(raw)
 SEGMENTS, SEGMENT = decode_segments(), 8
 ROW_BLOCK = SEGMENTS * SEGMENT

@@ -188,4 +188,4 @@ def test_decode_segments_refuses_what_is_not_a_count(raw):
   from orin_llm.errors import OrinError
   from orin_llm.model import decode_segments
   with pytest.raises(OrinError, match="ORIN_LLM_DECODE_SEGMENTS"): decode_segments({"ORIN_LLM_DECODE_SEGMENTS": raw})
-  assert decode_segments({}) == 32 and decode_segments({"ORIN_LLM_DECODE_SEGMENTS": "128"}) == 128
+  assert decode_segments({}) == 128 and decode_segments({"ORIN_LLM_DECODE_SEGMENTS": "32"}) == 32
