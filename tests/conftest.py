@@ -31,6 +31,16 @@ def _environment_restored():
   yield
   if os.environ != saved: os.environ.clear(); os.environ.update(saved)
 
+@pytest.fixture(scope="module")
+def without_inner_unroll():
+  """MV_INNER_UNROLL=0 for a module whose tests pin the opts of the matvec patches before 0020 (0003, 0017): 0020's
+  unroll of a single row's innermost range, on by default, is test_0020's to check. tinygrad's getenv is cached."""
+  from tinygrad.helpers import getenv
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setenv("MV_INNER_UNROLL", "0"); getenv.cache_clear()
+    yield
+  getenv.cache_clear()
+
 @pytest.fixture
 def rng(request):
   """A test's random inputs (seed_for its id)."""

@@ -31,6 +31,9 @@ from orin_llm.engine import Engine
 from orin_llm.quant import QuantWeight
 from orin_llm.synth import write_model, preset
 
+# these tests pin 0003's (and 0013's, 0017's) opts: 0020's unroll of the innermost range is off here
+pytestmark = pytest.mark.usefixtures("without_inner_unroll")
+
 POS = 10
 
 def cuda(): return CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)  # nvcc: no libnvrtc needed to construct

@@ -9,6 +9,9 @@ tinygrad's CUDA-flavoured emulator against gguf's own dequantization in float64.
 import json, os, subprocess, sys, textwrap
 import pytest
 
+# these tests pin 0003's (and 0013's, 0017's) opts: 0020's unroll of the innermost range is off here
+pytestmark = pytest.mark.usefixtures("without_inner_unroll")
+
 # prints, for each kernel of a Q4_K or Q6_K weight (O x K) times R input rows: its opts and whether the 4-bit plane is
 # read in 16-byte loads, as hand_coded_optimizations gives them for an sm_87 CUDA renderer
 RENDER = textwrap.dedent('''
