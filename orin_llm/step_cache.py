@@ -45,7 +45,7 @@ def _source_hash() -> str:
   return h.hexdigest()
 
 def _opts_env() -> dict:
-  """The settings of the hand-coded opts (tinygrad's matvec heuristic, patches 0003, 0013, 0017, 0020: MV_*), which the
+  """The settings of the hand-coded opts (tinygrad's matvec heuristic, patches 0003, 0013, 0017, 0020, 0022: MV_*), which the
   kernel database does not key, and the decode attention's segments (model.SEGMENTS): steps compiled under other
   values are other programs."""
   return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MV_") or k == "ORIN_LLM_DECODE_SEGMENTS"}

@@ -9,6 +9,8 @@ import pytest
 from tinygrad.codegen.opt import Opt, OptOps
 from test_0003_matvec_heuristic import N, K, applied_opts, cuda, empty, q4_weight
 
+pytestmark = pytest.mark.usefixtures("without_rows_first")  # 0022 lays the rows out first otherwise
+
 def few_rows() -> tuple[Opt, ...]:
   # the warp over the reduce, 4 weight rows a thread, the innermost reduce range (the input's contiguous elements)
   # read 4 at a time, every input row in each thread

@@ -10,8 +10,12 @@ import os
 import pytest
 import matvec_kernels
 
+pytestmark = pytest.mark.usefixtures("without_rows_first")
+
 def kernels(O, K, R, qtype, inner=None):
-  env = {k: v for k, v in os.environ.items() if not k.startswith("MV_")} | ({"MV_INNER_UNROLL": str(inner)} if inner is not None else {})
+  # (0022's rows-first layout off: these pin 0003's GROUP 32, LOCAL 4, UPCAST 4)
+  env = {k: v for k, v in os.environ.items() if not k.startswith("MV_")} | {"MV_ROWS_FIRST": "0"} | \
+        ({"MV_INNER_UNROLL": str(inner)} if inner is not None else {})
   return matvec_kernels.kernels(O, K, R, qtype, env)
 
 @pytest.mark.parametrize("qtype,O,K", [("Q6_K", 16384, 2048), ("Q6_K", 2048, 8192), ("Q4_K", 4096, 4096), ("Q4_K", 1024, 14336)])
