@@ -28,3 +28,28 @@ def test_terminate_after_the_workers_were_killed(tmp_path, ctx):
   out, err = run_in_own_session([sys.executable, str(tmp_path / "kill_workers.py")], env, 30)
   assert "terminated in" in out and "pool None" in out, err[-3000:]
   assert "Traceback" not in err, err[-3000:]
+
+HELD = textwrap.dedent("""
+  import threading, time
+  from tinygrad.engine import worker
+  pool = worker.get_worker_pool()
+  assert sorted(pool.map(abs, [-1, -2, -3])) == [1, 2, 3]
+  errors, taken = [], threading.Event()
+  def handler_like():  # what the pool's task handler thread does at its end: put a sentinel under the result queue's write lock
+    try:
+      with pool._outqueue._wlock:
+        taken.set(); time.sleep(0.3)
+    except Exception as e: errors.append(repr(e))
+  t = threading.Thread(target=handler_like); t.start(); taken.wait()
+  worker.terminate_worker_pool()
+  t.join()
+  print("errors", errors)
+""")
+
+def test_a_lock_held_by_a_live_thread_is_waited_for(tmp_path):
+  # the CI's SIGTERM test once printed "ValueError: semaphore or lock released too many times" from the task handler thread: terminate
+  # released the result queue's write lock while that live thread held it (fourteenth session)
+  (tmp_path / "held.py").write_text(HELD)
+  env = {**os.environ, "DEV": "CPU", "PARALLEL": "2", "BEAM_MP_CTX": "forkserver"}
+  out, err = run_in_own_session([sys.executable, str(tmp_path / "held.py")], env, 30)
+  assert "errors []" in out, (out, err[-3000:])
