@@ -1,8 +1,10 @@
-"""Times one quantized matvec kernel (QuantWeight: O x K, R input rows) under a grid of opt lists on the GPU, each
-compiled by BEAM's worker pool and timed alone with the L2 cleared (patch 0021) and warm, 20 times each, on the full grid, beside the hand-coded opts (patches 0003/0013/0017/0020). What the heuristic should give a decode
-matvec, measured instead of guessed; the table goes to stdout, every row to --json.
-  DEV=CUDA python3 scripts/mv_opts_bench.py --shape 16384x2048x1:Q6_K --shape 28672x4096x1:Q4_K [--json out.json]"""
-import argparse, itertools, json, math, os, statistics, sys, time
+"""Times one quantized matvec kernel (QuantWeight: O x K, R input rows) under a grid of ~180 opt lists on the GPU,
+each compiled by BEAM's worker pool and timed alone 20 times cold (the L2 cleared: patch 0021) and 20 times warm,
+on the full grid, beside the hand-coded opts as they are (H) and as they were before patch 0022 (h). What the
+heuristic should give a decode matvec, measured instead of guessed (docs/PERF.md, fourteenth session); the table
+goes to stdout, every row to --json.
+  DEV=CUDA BEAM_MP_CTX=forkserver python3 scripts/mv_opts_bench.py --shape 16384x2048x1:Q6_K --shape 28672x4096x4:Q4_K [--json out.json]"""
+import argparse, itertools, json, os, statistics, sys, time
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 from tinygrad import Tensor, dtypes, Device
