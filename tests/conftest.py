@@ -31,25 +31,26 @@ def _environment_restored():
   yield
   if os.environ != saved: os.environ.clear(); os.environ.update(saved)
 
-@pytest.fixture(scope="module")
-def without_inner_unroll():
-  """MV_INNER_UNROLL=0 and MV_ROWS_FIRST=0 for a module whose tests pin the opts of the matvec patches before 0020
-  (0003, 0017): 0020's unroll of a single row's innermost range and 0022's rows-first layout, on by default, are
-  test_0020's and test_0022's to check. tinygrad's getenv is cached."""
+def _module_env(**env):
+  """Sets env for a module's tests and clears tinygrad's cached getenv on the way in and out."""
   from tinygrad.helpers import getenv
   with pytest.MonkeyPatch.context() as mp:
-    mp.setenv("MV_INNER_UNROLL", "0"); mp.setenv("MV_ROWS_FIRST", "0"); getenv.cache_clear()
+    for k, v in env.items(): mp.setenv(k, v)
+    getenv.cache_clear()
     yield
   getenv.cache_clear()
 
 @pytest.fixture(scope="module")
+def without_inner_unroll():
+  """MV_INNER_UNROLL=0 and MV_ROWS_FIRST=0 for a module whose tests pin the opts of the matvec patches before 0020
+  (0003, 0017): 0020's unroll of a single row's innermost range and 0022's rows-first layout, on by default, are
+  test_0020's and test_0022's to check."""
+  yield from _module_env(MV_INNER_UNROLL="0", MV_ROWS_FIRST="0")
+
+@pytest.fixture(scope="module")
 def without_rows_first():
   """MV_ROWS_FIRST=0 for a module whose tests pin the row layout of the matvec patches before 0022 (0013, 0020)."""
-  from tinygrad.helpers import getenv
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setenv("MV_ROWS_FIRST", "0"); getenv.cache_clear()
-    yield
-  getenv.cache_clear()
+  yield from _module_env(MV_ROWS_FIRST="0")
 
 @pytest.fixture
 def rng(request):
