@@ -53,3 +53,30 @@ def test_a_lock_held_by_a_live_thread_is_waited_for(tmp_path):
   env = {**os.environ, "DEV": "CPU", "PARALLEL": "2", "BEAM_MP_CTX": "forkserver"}
   out, err = run_in_own_session([sys.executable, str(tmp_path / "held.py")], env, 30)
   assert "errors []" in out, (out, err[-3000:])
+
+INTERRUPTED = textwrap.dedent("""
+  import os, signal, threading
+  from tinygrad.engine import worker
+  class Stop(Exception): pass
+  def handler(signum, frame): raise Stop()
+  signal.signal(signal.SIGTERM, handler)
+  pool = worker.get_worker_pool()
+  assert sorted(pool.map(abs, [-1, -2, -3])) == [1, 2, 3]  # up, then idle: a worker waits for a task holding the task queue's lock
+  threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()  # the terminate waits up to a second on that dead worker's lock
+  try:
+    worker.terminate_worker_pool()
+    print("not interrupted")
+  except Stop: print("raised, pool", pool._state)
+""")
+
+@pytest.mark.parametrize("ctx", ["forkserver", "fork"])
+def test_a_signal_during_terminate_is_raised_after_it(tmp_path, ctx):
+  # a prewarm's SIGTERM is delivered again every second until it is caught (prewarm._Stop); one that came while the search's
+  # terminate_worker_pool waited on a dead worker's lock raised inside it, left that pool unterminated with the global cleared, and at
+  # exit the pool's finalizer waited on the lock for good: CI's two SIGTERM prewarm tests ran into their 120 s limit after the prewarm
+  # had printed that it stopped (fourteenth session's submission). Without the hold this prints "raised, pool RUN" and never exits.
+  (tmp_path / "interrupted.py").write_text(INTERRUPTED)
+  env = {**os.environ, "DEV": "CPU", "PARALLEL": "2", "BEAM_MP_CTX": ctx}
+  out, err = run_in_own_session([sys.executable, str(tmp_path / "interrupted.py")], env, 30)
+  assert "raised, pool TERMINATE" in out, (out, err[-3000:])
+  assert "Traceback" not in err, err[-3000:]
