@@ -80,3 +80,30 @@ def test_a_signal_during_terminate_is_raised_after_it(tmp_path, ctx):
   out, err = run_in_own_session([sys.executable, str(tmp_path / "interrupted.py")], env, 30)
   assert "raised, pool TERMINATE" in out, (out, err[-3000:])
   assert "Traceback" not in err, err[-3000:]
+
+BUSY = textwrap.dedent("""
+  import os, signal, time
+  from tinygrad.engine import worker
+  for run in range(3):
+    pool = worker.get_worker_pool()
+    assert sorted(pool.map(abs, [-1, -2])) == [1, 2]
+    # tasks far larger than a pipe's buffer (64 KiB), so the workers spend their time reading them and the task handler writing them
+    it = pool.imap_unordered(len, [os.urandom(4 << 20) for _ in range(60)])
+    time.sleep(0.2)
+    for p in list(pool._pool): os.kill(p.pid, signal.SIGTERM)  # what a SIGTERM to the process group does to them
+    time.sleep(0.3)
+    t = time.perf_counter()
+    worker.terminate_worker_pool()
+    print("terminated in", round(time.perf_counter() - t, 1), "s, task handler alive:", pool._task_handler.is_alive(), flush=True)
+""")
+
+@pytest.mark.parametrize("ctx", ["forkserver", "fork"])
+def test_terminate_while_tasks_were_being_sent(tmp_path, ctx):
+  # workers killed while they read a task, the task handler blocked writing the next ones into the pipe that nobody reads now: Pool's own
+  # drain (_help_stuff_finish) read the rest of a half-read task as a message and waited for its missing bytes, or stopped between two
+  # writes of a task and left the handler blocked for good (the group SIGTERM prewarm test, fifteenth session: 1 of 1). Without the
+  # byte-wise drain this script never printed (2 of 2).
+  (tmp_path / "busy.py").write_text(BUSY)
+  env = {**os.environ, "DEV": "CPU", "PARALLEL": "2", "BEAM_MP_CTX": ctx}
+  out, err = run_in_own_session([sys.executable, str(tmp_path / "busy.py")], env, 90)
+  assert out.count("task handler alive: False") == 3, (out, err[-3000:])
