@@ -27,10 +27,10 @@ RENDER = textwrap.dedent('''
     if call.src[0].op is not Ops.SINK: continue
     sink = full_rewrite_to_sink(call.src[0], ren)
     src = graph_rewrite(UOp(Ops.PROGRAM, src=(sink,), arg=ProgramInfo.from_sink(sink, ren.target)), pm, ctx=ren).src[-1].arg
-    plane = f"data2_{O * K // 8}"  # the 4-bit plane's parameter (O x K/8 words): the 3rd buffer of either type
+    plane = "data2"  # the 4-bit plane's parameter (O x K/8 words): the 3rd buffer of either type (patch 0024 names a parameter by its slot)
     print(json.dumps({"opts": [[o.op.name, o.axis, o.arg] for o in sink.arg.applied_opts],
                       "uint4": f"(uint4*)(({plane}" in src, "scalar": f"(*({plane}+" in src,  # the 4-bit plane's loads
-                      "float4_input": f"(float4*)((data1_{K * R}" in src,  # the input rows' loads
+                      "float4_input": "(float4*)((data1" in src,  # the input rows' loads
                       "loops": src.count("for (")}))
 ''')
 
