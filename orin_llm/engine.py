@@ -50,6 +50,22 @@ class Slot:
   next: int | None = None  # the token chosen last, the input of the slot's next decode step (not cached yet)
   sampling: Sampling | None = None
 
+# How far the steps a prewarm captures reach past the configured context: twice it, within the model's own context.
+# Their position variables are bounded by the reach, and the prewarm's engine holds KV caches, tables and prompt buffer
+# of the reach's capacity (in that process only), so that no index can pass a buffer's end: tinygrad then leaves the
+# capacity out of the code (with bounds past a buffer's rows it wraps each position by a modulo of them: `&1023`), and
+# with patches 0009 and 0024 the kernels are the same at every capacity. A step captured with wider bounds is correct
+# for every position within them, so a later start at any context up to the reach loads the steps (step_cache.py) and
+# binds its own smaller buffers: a change of context_length schedules nothing (issue 25; the fourteenth session's
+# change 4352 -> 8448 spent 75 s on the H100 scheduling and compiling 17 steps). The cost, for a start at the prewarm's
+# context: the JIT sized the scratch that a prefill chunk's scores take for the reach (6 bytes per head, chunk row and
+# position: 403 MB more for a 1B's chunk of 512 at context 4096).
+STEPS_REACH = 2
+
+def steps_reach(max_context: int, model_context: int) -> int:
+  """The positions a prewarm's steps are valid for: STEPS_REACH times the context, within the model's."""
+  return max(max_context, min(model_context, STEPS_REACH * max_context))
+
 class RunState:
   """Everything a step reads or writes besides the weights, with its shape (llama2.c's RunState):
   per layer the KV cache (capacity, slots, 2, kv_heads, head_dim) float16, in the model's blocks;
@@ -69,11 +85,12 @@ class RunState:
 
 class Engine:
   def __init__(self, path, max_context: int | None = None, device: str | None = None, chunk: int | None = None,
-               kernel_db=None, max_batch: int = 1):
+               kernel_db=None, max_batch: int = 1, reach: bool = False):
     """chunk: the largest prefill chunk (default: DEFAULT_CHUNK with tensor cores, else NO_TC_CHUNK). max_batch: slots,
     the sequences the KV cache holds and a decode step can advance together. kernel_db: the model file opened and its
     kernel database chosen by kernel_cache.prepare (where the process starts): the repacked planes and the captured
-    steps are kept beside that database; None: neither, tinygrad uses $CACHEDB."""
+    steps are kept beside that database; None: neither, tinygrad uses $CACHEDB. reach: steps valid up to
+    steps_reach(max_context), with buffers of that capacity (a prewarm's engine)."""
     t0 = time.monotonic()
     self.file, self.cfg = (kernel_db.file, kernel_db.cfg) if kernel_db is not None else open_model(path)
     self.path, self.device = path, device or Device.DEFAULT
@@ -89,7 +106,10 @@ class Engine:
                                 fuse=fused_groups(self.cfg, {n: t.qtype for n, t in self.file.tensors.items()}))
     # a prefill chunk always runs `chunk` rows (a constant shape: matrix products on tensor cores, no symbolic
     # length); the last one of a prompt is padded, so the cache, tables and prompt reach a chunk further
-    self.model = Transformer(self.cfg, self.weights, self.max_context, self.device, pad=max(self.chunk, VERIFY_SIZES[-1]), slots=max_batch)
+    pad = max(self.chunk, VERIFY_SIZES[-1])
+    # the positions the steps' variables are bounded by, and the buffers' rows: the context, or a prewarm's reach
+    self.reach = steps_reach(self.max_context, self.cfg.context_length) if reach else self.max_context
+    self.model = Transformer(self.cfg, self.weights, self.reach, self.device, pad=pad, slots=max_batch)
     self.state = RunState(self.model.capacity, max_batch, self.cfg.vocab_size, self.device)
     self.io = host_io(self.device)
     # the model step queued ahead by the last decode(ahead=True), for the next round of the same slots: (slots, batch
@@ -101,12 +121,13 @@ class Engine:
     self.masked_slots: set[int] = set()  # slots whose mask row is not all ones
     self.batch_sizes = tuple(b for b in BATCH_SIZES if b <= max_batch) + ((max_batch,) if max_batch > 1 and max_batch not in BATCH_SIZES else ())
     # symbolic variables of the compiled steps; positions go to max_context: an idle row of a batch sits at its slot's
-    # length, which may be the end of the context (the cache's padding holds what it writes there)
-    self.v_pos = UOp.variable("start_pos", 0, self.max_context)
+    # length, which may be the end of the context (the cache's padding holds what it writes there); a prewarm's to its
+    # reach, so that a later start at another context up to it loads them (step_cache.py)
+    self.v_pos = UOp.variable("start_pos", 0, self.reach)
     self.v_slot = UOp.variable("slot", 0, max_batch - 1)
     self.v_len = UOp.variable("chunk_len", 1, self.chunk)
     self.v_row = UOp.variable("hist_row", 0, HIST - 1)
-    self.v_rows = [UOp.variable(f"pos{b}", 0, self.max_context) for b in range(max(self.batch_sizes, default=0))]
+    self.v_rows = [UOp.variable(f"pos{b}", 0, self.reach) for b in range(max(self.batch_sizes, default=0))]
     self.v_blocks = UOp.variable("blocks", 1, self.model.capacity // ROW_BLOCK)
     self.steps = Steps(self)
     # the steps a start with this cache captured before (step_cache.py): nothing to schedule or capture

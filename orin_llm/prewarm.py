@@ -72,10 +72,12 @@ def cmd_prewarm(args):
   signal.signal(signal.SIGTERM, stop)
   sys.unraisablehook = stop.unraisable
   try:
-    eng, _ = load(cfg)
+    # steps valid up to twice the context (engine.steps_reach): a server started later at another context up to it
+    # loads them and schedules nothing
+    eng, _ = load(cfg, reach=True)
     log.info(f"prewarm: BEAM {settings.beam_width()} ({os.environ['BEAM_MP_CTX']} workers), compiling the server's steps "
              f"({eng.max_batch} slot{'s' * (eng.max_batch > 1)}, chunks {', '.join(map(str, eng.chunks))}"
-             f"{', speculative' if eng.speculator else ''})")
+             f"{', speculative' if eng.speculator else ''}; valid for contexts up to {eng.reach})")
     warm_up(eng, progress=True)
   except KeyboardInterrupt as e:
     stop.caught.set()  # no more deliveries, and the handler ignores a SIGTERM from now on (systemd's SIGKILL ends a cleanup that hangs)

@@ -1,6 +1,6 @@
 """Captured steps kept across starts: the engine's compiled steps (tinygrad TinyJits), pickled once
-they are captured and unpickled by a later start of the same model shape, context and code, which
-then schedules and captures nothing (on the H200 that capture was most of a prewarmed start:
+they are captured and unpickled by a later start of the same model shape and code (at a context up to
+their reach), which then schedules and captures nothing (on the H200 that capture was most of a prewarmed start:
 docs/PERF.md, start-up).
 
 A captured step is a graph of kernel calls over buffers. The file holds the graph and the compiled
@@ -16,16 +16,22 @@ such a step. Fresh buffers get fresh tinygrad ids: the ids of the saving process
 the loading process's own.
 
 The file is named after everything that decides the steps: the kernel database's name (GPU arch,
-tinygrad build and patches, model shape, BEAM width), the context and chunk length, the Python
-version and this package's source; a file of another key is never read, and one that fails to load
-is ignored (the engine captures as without it).
+tinygrad build and patches, model shape, BEAM width), the chunk length, the slots, the Python version
+and this package's source, and the reach of its position variables (the context, or twice it where
+a prewarm captured them: engine.steps_reach); a file of another key is never read, and one that fails to load is
+ignored (the engine captures as without it). The context is not in the key: a start at another
+context loads the file of the smallest reach that holds its context (and is within its own reach,
+so that the scratch stays what its own steps would hold), and binds its own KV caches,
+position and rope tables and prompt buffer, whose rows follow the context (the state scales with the
+KV cache's capacity, which the file records), so a change of context_length captures nothing.
 """
 from __future__ import annotations
 import dataclasses, functools, hashlib, io, os, pathlib, pickle, sys, time
 from orin_llm.fileutil import atomic_write
 from orin_llm import log
 
-FORMAT = 3  # 2: a scratch buffer is one UOp at load, however often the steps name it; 3: steps by name (engine.Steps)
+FORMAT = 4  # 2: a scratch buffer is one UOp at load, however often the steps name it; 3: steps by name (engine.Steps);
+# 4: keyed without the context, state bound across capacities
 
 def state_tensors(eng) -> dict:
   """Name -> every realized Tensor the engine holds outside its steps: weights, KV caches, position and rope
@@ -50,14 +56,28 @@ def _opts_env() -> dict:
   values are other programs."""
   return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MV_") or k == "ORIN_LLM_DECODE_SEGMENTS"}
 
-def path_for(eng) -> pathlib.Path | None:
-  """The steps file next to the engine's kernel database, or None without one (no cache directory)."""
-  if eng.kernel_db is None: return None
+def _key_hash(eng) -> str:
   from orin_llm.kernel_cache import model_shape
-  key = {"format": FORMAT, "db": eng.kernel_db.name, "model": model_shape(eng.cfg, eng.file.tensors), "context": eng.max_context, "chunks": eng.chunks, "slots": eng.max_batch, "device": eng.device,
+  key = {"format": FORMAT, "db": eng.kernel_db.name, "model": model_shape(eng.cfg, eng.file.tensors), "chunks": eng.chunks, "slots": eng.max_batch, "device": eng.device,
          "python": sys.version_info[:2], "source": _source_hash(), "opts_env": _opts_env()}
-  h = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
-  return eng.kernel_db.parent / f"steps-{h}.pkl"
+  return hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
+
+def path_for(eng) -> pathlib.Path | None:
+  """The file the engine's own steps are kept in, next to its kernel database (None without one: no cache directory)."""
+  if eng.kernel_db is None: return None
+  return eng.kernel_db.parent / f"steps-{_key_hash(eng)}-reach{eng.reach}.pkl"
+
+def find(eng) -> pathlib.Path | None:
+  """The steps file this engine can load: of its key, and of the smallest reach that holds its context and is within the
+  reach a prewarm at its context would capture (a file of a larger one holds the scratch that reach sizes: a context
+  lowered to save memory captures its own steps)."""
+  if eng.kernel_db is None: return None
+  from orin_llm.engine import steps_reach
+  h, files, most = _key_hash(eng), [], steps_reach(eng.max_context, eng.cfg.context_length)
+  for p in eng.kernel_db.parent.glob(f"steps-{h}-reach*.pkl"):
+    reach = p.stem.removeprefix(f"steps-{h}-reach")
+    if reach.isdigit() and eng.max_context <= int(reach) <= most: files.append((int(reach), p))
+  return min(files)[1] if files else None
 
 def scratch_bytes(eng) -> dict:
   """step name -> bytes of device memory a captured step holds beside the engine's state: its scratch
@@ -78,14 +98,14 @@ def _buffer_uops(eng) -> dict:
   return {t.uop.base: name for name, t in state_tensors(eng).items()}
 
 class _Pickler(pickle.Pickler):
-  def __init__(self, f, state: dict, written: set):
+  def __init__(self, f, state: dict, written: set, capacity: int):
     super().__init__(f, protocol=5)
-    self.state, self.written, self.bases, self.uids = state, written, {}, {}
+    self.state, self.written, self.bases, self.uids, self.capacity = state, written, {}, {}, capacity
   def persistent_id(self, obj):
     from tinygrad.uop.ops import UOp, Ops, buffers
     # device buffers only: kernels' own code holds BUFFER UOps of registers and local memory too
     if type(obj) is not UOp or obj.op is not Ops.BUFFER or obj.arg.device is None: return None
-    if (name := self.state.get(obj)) is not None: return ("state", name, obj.arg.dtype, buffers[obj].size)
+    if (name := self.state.get(obj)) is not None: return ("state", name, obj.arg.dtype, buffers[obj].size, self.capacity)
     if obj not in self.written: raise ValueError(f"a step reads a buffer that is neither engine state nor written by a step: {obj.arg}")
     # the UOp's fields but its id (slot), which the loading process gives afresh; uid: one UOp there for each here
     # (pickle memoizes no persistent ids), the UOp kept alive until the dump ends so that its id() stays its own
@@ -105,23 +125,26 @@ def save(eng, path: str | os.PathLike) -> int:
     for u in j.captured._written_uops: written.add(u)
   path = pathlib.Path(path)
   buf = io.BytesIO()
-  _Pickler(buf, _buffer_uops(eng), written).dump({"format": FORMAT, "jits": jits})
+  _Pickler(buf, _buffer_uops(eng), written, eng.model.capacity).dump({"format": FORMAT, "jits": jits})
   atomic_write(path, buf.getbuffer())
   return buf.tell()
 
 # ------------------------------------------------------------------ reading
 
 class _Unpickler(pickle.Unpickler):
-  def __init__(self, f, state: dict):
+  def __init__(self, f, state: dict, capacity: int):
     super().__init__(f)
-    self.state, self.bases, self.uops = state, {}, {}
+    self.state, self.bases, self.uops, self.capacity = state, {}, {}, capacity
   def persistent_load(self, pid):
     from tinygrad.uop.ops import UOp, Ops, ParamArg, buffers
     from tinygrad.device import Buffer
     if pid[0] == "state":
-      _, name, dtype, size = pid
-      if (u := self.state.get(name)) is None or u.arg.dtype != dtype or buffers[u].size != size:
-        raise ValueError(f"the steps read {name} ({dtype}, {size}), which this engine holds " + ("not" if u is None else f"as ({u.arg.dtype}, {buffers[u].size})"))
+      _, name, dtype, size, capacity = pid
+      # the same size, or (captured at another context) the same rows per row of the KV cache's capacity: the caches,
+      # position and rope tables and the prompt buffer, whose rows the kernels index by position, never by stride
+      if (u := self.state.get(name)) is None or u.arg.dtype != dtype or (buffers[u].size != size and buffers[u].size * capacity != size * self.capacity):
+        raise ValueError(f"the steps read {name} ({dtype}, {size} at capacity {capacity}), which this engine holds " +
+                         ("not" if u is None else f"as ({u.arg.dtype}, {buffers[u].size} at capacity {self.capacity})"))
       return u
     _, uid, (dtype, src, arg, tag), desc = pid
     if uid in self.uops: return self.uops[uid]
@@ -137,7 +160,7 @@ class _Unpickler(pickle.Unpickler):
 def load(eng, path: str | os.PathLike) -> dict:
   """The captured steps in path, bound to this engine's buffers: {step name: TinyJit}."""
   state = _buffer_uops(eng)
-  with open(path, "rb") as f: data = _Unpickler(f, {n: u for u, n in state.items()}).load()
+  with open(path, "rb") as f: data = _Unpickler(f, {n: u for u, n in state.items()}, eng.model.capacity).load()
   if data.get("format") != FORMAT: raise ValueError(f"format {data.get('format')}, expected {FORMAT}")
   return data["jits"]
 
@@ -145,7 +168,7 @@ def try_load(eng) -> pathlib.Path | None:
   """Installs the engine's steps from its steps file and returns its path; None (and the engine captures
   its steps on first use) when there is none or it cannot be read."""
   from tinygrad.helpers import JIT
-  if (path := path_for(eng)) is None or not path.exists(): return None
+  if (path := find(eng)) is None: return None
   if not JIT.value:  # JIT=0 runs every step uncompiled, which a loaded step cannot (it has only its capture)
     log.info(f"captured steps: JIT=0, not using {path}")
     return None
@@ -160,6 +183,7 @@ def try_load(eng) -> pathlib.Path | None:
 
 def try_save(eng) -> pathlib.Path | None:
   """Writes the engine's captured steps to its steps file, unless it has none or the file exists."""
+  if getattr(eng, "steps_file", None) is not None: return None  # loaded (perhaps from another context's file, which serves this one)
   if (path := path_for(eng)) is None or path.exists() or not any(j.captured is not None for j in eng.steps.jits.values()): return None
   t0 = time.monotonic()
   try:

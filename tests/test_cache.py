@@ -73,14 +73,15 @@ def test_prewarm_then_server_start_compiles_nothing(tiny, tmp_path):
   assert out.returncode == 0, out.stderr
   db = pathlib.Path(out.stdout.strip().splitlines()[-1])
   assert db.parent == tmp_path and db.exists() and " compiled" in out.stderr
-  # a fresh process: what the server does before READY (load, warm_up), then its counts
+  # a fresh process: what the server does before READY (load, warm_up), then its counts; at another context than the
+  # prewarm's, within its reach (issue 25: a change of context_length schedules and compiles nothing)
   code = f"""
 import json
 from orin_llm.appliance import load
 from orin_llm.server.config import ServerConfig
 from orin_llm.warmup import warm_up
 from orin_llm.kernel_cache import COUNTER
-eng, _ = load(ServerConfig(model={str(tiny)!r}, context_length=128, kernel_cache_directory={str(tmp_path)!r}))
+eng, _ = load(ServerConfig(model={str(tiny)!r}, context_length=200, kernel_cache_directory={str(tmp_path)!r}))
 warm_up(eng)
 print(json.dumps(COUNTER.snapshot() | {{"steps": str(eng.steps_file)}}))
 """
@@ -89,6 +90,7 @@ print(json.dumps(COUNTER.snapshot() | {{"steps": str(eng.steps_file)}}))
   c = json.loads(r.stdout.strip().splitlines()[-1])
   # the steps prewarm captured are loaded (step_cache.py); the few kernels outside them come from the database
   assert c["path"] == str(db) and c["misses"] == 0 and c["hits"] > 0 and c["steps"].startswith(str(tmp_path / "steps-")), c
+  assert c["steps"].endswith("-reach256.pkl"), c  # the prewarm's steps, valid to twice its context
 
 def test_prewarm_from_the_server_config(tiny, tmp_path):
   """`prewarm --config` (the NixOS prewarm unit) fills what a server of that config loads: its context's steps."""
@@ -105,9 +107,9 @@ def test_prewarm_from_the_server_config(tiny, tmp_path):
   from orin_llm.server.config import from_toml
   from dataclasses import replace
   eng, _ = load(from_toml(conf))  # what `serve --config` loads
-  assert eng.steps_file == step_cache.path_for(eng) and eng.steps_file.exists()
-  other, _ = load(replace(from_toml(conf), context_length=96))
-  assert step_cache.path_for(other) != eng.steps_file  # another context: other steps
+  assert eng.steps_file == step_cache.find(eng) and eng.steps_file.exists()
+  other, _ = load(replace(from_toml(conf), context_length=96))  # another context within the prewarm's reach (160): its steps
+  assert other.steps_file == eng.steps_file
 
 def test_repack_fast_path_matches_elementwise():
   """The byte-wise repack of Q4_K/Q5_K/Q6_K/Q8_0 equals the element-wise definition (random blocks)."""

@@ -26,8 +26,8 @@ toks = list(eng.generate(a["prompt"], a["n"]))
 print(json.dumps({"tokens": toks, "logits": eng.state.logits[0].numpy().tolist(), "steps": str(eng.steps_file)}))
 """
 
-def run(model, cache, prompt, n, **env):
-  arg = json.dumps({"model": str(model), "cache": str(cache), "context": CONTEXT, "chunk": CHUNK, "prompt": prompt, "n": n})
+def run(model, cache, prompt, n, context=CONTEXT, **env):
+  arg = json.dumps({"model": str(model), "cache": str(cache), "context": context, "chunk": CHUNK, "prompt": prompt, "n": n})
   r = subprocess.run([sys.executable, "-c", RUN, arg], capture_output=True, text=True, timeout=900,
                      env={**os.environ, "DEV": "CPU", "BEAM": "0", "PYTHONPATH": str(ROOT), **env})
   assert r.returncode == 0, r.stderr
@@ -67,7 +67,31 @@ def test_loaded_steps_match_reference(model, tmp_path, rng):
   for name in ("token_embd.weight", "blk.1.ffn_down.weight"):
     for p in eng.weights[name].planes.values(): assert p.numpy().tobytes()[:512] not in data, name
 
-def test_steps_file_keyed_by_context_and_chunk(model, tmp_path):
+def test_another_context_loads_the_steps(model, tmp_path, rng):
+  """Issue 25: a change of context_length captures nothing. Steps captured at one context (variables reaching twice
+  it) run at a larger one whose KV cache has twice the rows, on positions past the first one's cache, against the
+  float64 reference; a context past their reach, or one that would hold their larger scratch for nothing, does not
+  take them."""
+  from orin_llm.warmup import warm_up
+  first, later = 960, 1500  # KV-cache capacities 1024 and 2048 at a server's start (model.kv_capacity: blocks of 1024)
+  eng = Engine(model, max_context=first, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path), reach=True)  # a prewarm's
+  warm_up(eng)
+  path = eng.steps_file
+  assert path == step_cache.path_for(eng) and path.exists() and eng.reach == 2 * first
+  prompt = rng.integers(0, VOCAB, 1100 + int(rng.integers(0, 40))).tolist()  # past the first engine's 1024 rows
+  out, log = run(model, tmp_path, prompt, 5, context=later)
+  assert out["steps"] == str(path) and "loaded from" in log and "compiling the" not in log, log
+  check_against_reference(model, prompt, out)
+  # at the prewarm's own context too, and at the reach; not past it, nor where the file's scratch would be twice a prewarm's
+  out, log = run(model, tmp_path, prompt[:500], 3, context=first)
+  assert out["steps"] == str(path) and "compiling the" not in log, log
+  check_against_reference(model, prompt[:500], out)
+  found = lambda context: step_cache.find(Engine(model, max_context=context, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path)))
+  assert found(2 * first) == path
+  assert found(2 * first + 1) is None
+  assert found(first - 1) is None
+
+def test_steps_file_keyed_by_reach_and_chunk(model, tmp_path):
   a = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
   b = Engine(model, max_context=CONTEXT + 32, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
   c = Engine(model, max_context=CONTEXT, chunk=CHUNK // 2, kernel_db=kernel_cache.prepare(model, tmp_path))
