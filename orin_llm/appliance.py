@@ -5,7 +5,7 @@ from __future__ import annotations
 def load(cfg, reach: bool = False):
   """The engine and tokenizer of a ServerConfig's model, in this thread (which opens the device): the model, its
   kernel database, the slots, and speculative decoding (eng.speculator: a factory of speculative.Speculator, one for
-  each request that generates alone; None: off). reach: steps valid past the context (a prewarm: engine.steps_reach)."""
+  each request that generates alone; None: off). reach: steps valid past the context (a prewarm: step_cache.steps_reach)."""
   from orin_llm.engine import Engine
   from orin_llm.tokenizer import Tokenizer
   from orin_llm import settings, kernel_cache

@@ -25,6 +25,7 @@ from tinygrad.helpers import GlobalCounters
 from orin_llm.errors import OrinError
 from orin_llm.loader import open_model, load_weights
 from orin_llm.model import Transformer, Rows, fused_groups, ROW_BLOCK
+from orin_llm.step_cache import steps_reach
 from orin_llm.sampling import Sampling, greedy, masked, sample
 from orin_llm.hostio import host_io
 from orin_llm import log
@@ -49,22 +50,6 @@ class Slot:
   cached: list[int] = field(default_factory=list)
   next: int | None = None  # the token chosen last, the input of the slot's next decode step (not cached yet)
   sampling: Sampling | None = None
-
-# How far the steps a prewarm captures reach past the configured context: twice it, within the model's own context.
-# Their position variables are bounded by the reach, and the prewarm's engine holds KV caches, tables and prompt buffer
-# of the reach's capacity (in that process only), so that no index can pass a buffer's end: tinygrad then leaves the
-# capacity out of the code (with bounds past a buffer's rows it wraps each position by a modulo of them: `&1023`), and
-# with patches 0009 and 0024 the kernels are the same at every capacity. A step captured with wider bounds is correct
-# for every position within them, so a later start at any context up to the reach loads the steps (step_cache.py) and
-# binds its own smaller buffers: a change of context_length schedules nothing (issue 25; the fourteenth session's
-# change 4352 -> 8448 spent 75 s on the H100 scheduling and compiling 17 steps). The cost, for a start at the prewarm's
-# context: the JIT sized the scratch that a prefill chunk's scores take for the reach (6 bytes per head, chunk row and
-# position: 403 MB more for a 1B's chunk of 512 at context 4096).
-STEPS_REACH = 2
-
-def steps_reach(max_context: int, model_context: int) -> int:
-  """The positions a prewarm's steps are valid for: STEPS_REACH times the context, within the model's."""
-  return max(max_context, min(model_context, STEPS_REACH * max_context))
 
 class RunState:
   """Everything a step reads or writes besides the weights, with its shape (llama2.c's RunState):

@@ -10,7 +10,7 @@ The KV cache of a layer is position-major, (capacity, slots, 2, kv_heads, head_d
 enters the kernels only as a buffer size and a variable's bound, never as a stride, so the kernels the BEAM
 search tuned for one context serve another (the search's cache key ignores sizes and bounds: tinygrad patch).
 The bounds must stay within the buffers' rows: past them tinygrad wraps a position by a modulo of the capacity
-(engine.steps_reach).
+(step_cache.steps_reach).
 
 Layout choices that keep the decode step to few kernels:
 - Q/K/V are one matrix, gate/up are one matrix (rows concatenated by the loader, when their types match: FUSED);

@@ -72,7 +72,7 @@ def cmd_prewarm(args):
   signal.signal(signal.SIGTERM, stop)
   sys.unraisablehook = stop.unraisable
   try:
-    # steps valid up to twice the context (engine.steps_reach): a server started later at another context up to it
+    # steps valid up to twice the context (step_cache.steps_reach): a server started later at another context up to it
     # loads them and schedules nothing
     eng, _ = load(cfg, reach=True)
     log.info(f"prewarm: BEAM {settings.beam_width()} ({os.environ['BEAM_MP_CTX']} workers), compiling the server's steps "

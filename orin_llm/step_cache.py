@@ -18,7 +18,7 @@ the loading process's own.
 The file is named after everything that decides the steps: the kernel database's name (GPU arch,
 tinygrad build and patches, model shape, BEAM width), the chunk length, the slots, the Python version
 and this package's source, and the reach of its position variables (the context, or twice it where
-a prewarm captured them: engine.steps_reach); a file of another key is never read, and one that fails to load is
+a prewarm captured them: steps_reach); a file of another key is never read, and one that fails to load is
 ignored (the engine captures as without it). The context is not in the key: a start at another
 context loads the file of the smallest reach that holds its context (and is within its own reach,
 so that the scratch stays what its own steps would hold), and binds its own KV caches,
@@ -32,6 +32,22 @@ from orin_llm import log
 
 FORMAT = 4  # 2: a scratch buffer is one UOp at load, however often the steps name it; 3: steps by name (engine.Steps);
 # 4: keyed without the context, state bound across capacities
+
+# How far the steps a prewarm captures reach past the configured context: twice it, within the model's own context.
+# Their position variables are bounded by the reach, and the prewarm's engine holds KV caches, tables and prompt buffer
+# of the reach's capacity (in that process only), so that no index can pass a buffer's end: tinygrad then leaves the
+# capacity out of the code (with bounds past a buffer's rows it wraps each position by a modulo of them: `&1023`), and
+# with patches 0009 and 0024 the kernels are the same at every capacity. A step captured with wider bounds is correct
+# for every position within them, so a later start at any context up to the reach loads the steps and
+# binds its own smaller buffers: a change of context_length schedules nothing (issue 25; the fourteenth session's
+# change 4352 -> 8448 spent 75 s on the H100 scheduling and compiling 17 steps). The cost, for a start at the prewarm's
+# context: the JIT sized the scratch that a prefill chunk's scores take for the reach (6 bytes per head, chunk row and
+# position: 403 MB more for a 1B's chunk of 512 at context 4096).
+STEPS_REACH = 2
+
+def steps_reach(max_context: int, model_context: int) -> int:
+  """The positions a prewarm's steps are valid for: STEPS_REACH times the context, within the model's."""
+  return max(max_context, min(model_context, STEPS_REACH * max_context))
 
 def state_tensors(eng) -> dict:
   """Name -> every realized Tensor the engine holds outside its steps: weights, KV caches, position and rope
@@ -72,7 +88,6 @@ def find(eng) -> pathlib.Path | None:
   reach a prewarm at its context would capture (a file of a larger one holds the scratch that reach sizes: a context
   lowered to save memory captures its own steps)."""
   if eng.kernel_db is None: return None
-  from orin_llm.engine import steps_reach
   h, files, most = _key_hash(eng), [], steps_reach(eng.max_context, eng.cfg.context_length)
   for p in eng.kernel_db.parent.glob(f"steps-{h}-reach*.pkl"):
     reach = p.stem.removeprefix(f"steps-{h}-reach")
