@@ -16,11 +16,13 @@ Nothing is rounded on the way: the kernel computes in float32 exactly what ggml 
 and the planes take about the file's bytes (Q4_K/Q5_K: +3%, their 6-bit scales widened to 8).
 """
 from __future__ import annotations
+import os
 from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QT, GGML_QUANT_SIZES
 from tinygrad import Tensor, dtypes
 from orin_llm import hostmem
+from orin_llm.errors import OrinError
 
 SUPPORTED = (QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
@@ -185,6 +187,26 @@ def dequantize(planes: dict[str, Tensor], qtype: QT) -> Tensor:
 # matrices (H100, 1B Q6_K, docs/PERF.md, sixth session); decode and verify rows (at most 16) stay below it
 MATMUL_ROWS = 32
 
+# A chunk of fewer than SPLIT_ROWS rows has few output tiles for the tensor cores, and each walked the whole reduction
+# in turn: the 32-row chunk's products ran at 125-820 GB/s of weights after a full search (ffn_down, 8192 long: 155 us
+# a layer; H200, 1B Q6_K, eighteenth session, docs/PERF.md). There the reduction is split into parts of SPLIT_LEN
+# columns, multiplied side by side (one more axis of tiles) into float32 partial sums that a small kernel adds: pp32
+# went from 4599 to 9414 tok/s with parts of 256 (8862 with 128, 8462 with 512; llama.cpp: 10026 +- 1850, same run).
+# ORIN_LLM_CHUNK_SPLIT=n (an experiment's knob; part of the steps file's key): parts of n columns, 0: no split
+SPLIT_ROWS = 128
+def chunk_split(env=os.environ) -> int:
+  """ORIN_LLM_CHUNK_SPLIT: 0 (no split) or a multiple of 16 up to 65536 (default 256)."""
+  raw = env.get("ORIN_LLM_CHUNK_SPLIT", "256")
+  if not raw.strip().isdigit() or int(raw) % 16 or int(raw) > 65536:
+    raise OrinError(f"ORIN_LLM_CHUNK_SPLIT={raw!r}: 0 or a multiple of 16 up to 65536 is needed (default 256)")
+  return int(raw)
+SPLIT_LEN = chunk_split()
+
+def split_parts(rows: int, cols: int) -> int:
+  """Parts the reduction of a matrix product of `rows` input rows over `cols` columns runs in (1: not split)."""
+  if rows >= SPLIT_ROWS or not SPLIT_LEN or cols % SPLIT_LEN or cols <= SPLIT_LEN: return 1
+  return cols // SPLIT_LEN
+
 def as_matrix(rows) -> bool:
   """Whether an input of this many rows (constant) is a prefill chunk, whose products run as float16 matrices."""
   return isinstance(rows, int) and rows >= MATMUL_ROWS
@@ -219,5 +241,9 @@ class QuantWeight:
       x16 = x.cast(dtypes.float16).contiguous()
       planes = {k: Tensor(p.uop.after(x16.uop)) for k, p in self.planes.items()}
       w = dequantize(planes, self.qtype).cast(dtypes.float16).contiguous()
-      return x16.matmul(w.T, dtype=dtypes.float32)
+      if (S:=split_parts(x.shape[0], self.cols)) == 1: return x16.matmul(w.T, dtype=dtypes.float32)
+      # (S, T, L) @ (S, L, N): the parts written out (contiguous), else tinygrad merges both sums back into one
+      L = self.cols // S
+      xs, ws = x16.reshape(-1, S, L).permute(1, 0, 2), w.reshape(self.rows, S, L).permute(1, 2, 0)
+      return xs.matmul(ws, dtype=dtypes.float32).contiguous().sum(0)
     return (x.unsqueeze(-2) * self.weights()).sum(-1)

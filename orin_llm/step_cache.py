@@ -68,9 +68,9 @@ def _source_hash() -> str:
 
 def _opts_env() -> dict:
   """The settings of the hand-coded opts (tinygrad's matvec heuristic, patches 0003, 0013, 0017, 0020, 0022: MV_*), which the
-  kernel database does not key, and the decode attention's segments (model.SEGMENTS): steps compiled under other
-  values are other programs."""
-  return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MV_") or k == "ORIN_LLM_DECODE_SEGMENTS"}
+  kernel database does not key, the decode attention's segments (model.SEGMENTS) and the small chunks' split products
+  (quant.SPLIT_LEN): steps compiled under other values are other programs."""
+  return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MV_") or k in ("ORIN_LLM_DECODE_SEGMENTS", "ORIN_LLM_CHUNK_SPLIT")}
 
 def _key_hash(eng) -> str:
   from orin_llm.kernel_cache import model_shape

@@ -126,12 +126,18 @@ def test_context_end_and_stale_cache(model, rng):
 @pytest.mark.parametrize("rows", [16])
 def test_matmul_prefill_matches_reference(model, rng, monkeypatch, rows):
   """Prefill chunks of MATMUL_ROWS rows and more take the other path: weights dequantized into a float16 scratch
-  and multiplied as matrices, attention as two float16 matrix products (model.Block.attend_chunk). Against the
+  and multiplied as matrices (their reductions in parts, as a small chunk's), attention as two float16 matrix
+  products (model.Block.attend_chunk). Against the
   float64 reference, through a padded last chunk, then decode over the keys and values it wrote."""
   from orin_llm import quant
   path, _ = model
   if "q4_0" in path.name or "q4_1" in path.name: pytest.skip("two cases cover the path; compiling costs CI time")
   monkeypatch.setattr(quant, "MATMUL_ROWS", rows)
+  # the reductions split into parts (quant.SPLIT_LEN), as a GPU's chunk of 32 rows runs them; test_chunk_size_classes
+  # runs the unsplit products (the tiny models' rows are no longer than the default part)
+  monkeypatch.setattr(quant, "SPLIT_LEN", 128)
+  assert quant.split_parts(rows, 256) == 2 and quant.split_parts(rows, 512) == 4  # the tiny models' dim and ffn_dim
+  assert quant.split_parts(quant.SPLIT_ROWS, 256) == 1 and quant.split_parts(rows, 128) == 1
   eng = Engine(path, max_context=128, chunk=rows)
   ref = Reference(path)
   prompt = rng.integers(0, VOCAB, 2 * rows + 5).tolist()  # two full chunks and a padded one
@@ -195,3 +201,11 @@ def test_mixed_types_fuse_the_runs_that_share_one(tmp_path, rng):
   assert rel_err(eng.forward(prompt, 0), ref.step(prompt[-1])) < 1e-2
   for t in rng.integers(0, VOCAB, 3).tolist():
     assert rel_err(eng.forward([t], len(eng.cached)), ref.step(t)) < 1e-2
+
+@pytest.mark.parametrize("raw", ["abc", "-16", "24", "65552", "", "8.5"])
+def test_chunk_split_refuses_what_is_not_a_part_length(raw):
+  """ORIN_LLM_CHUNK_SPLIT (the small chunks' split products, an experiment's knob): a bound and a one-line error."""
+  from orin_llm.errors import OrinError
+  from orin_llm.quant import chunk_split
+  with pytest.raises(OrinError, match="ORIN_LLM_CHUNK_SPLIT"): chunk_split({"ORIN_LLM_CHUNK_SPLIT": raw})
+  assert chunk_split({}) == 256 and chunk_split({"ORIN_LLM_CHUNK_SPLIT": "0"}) == 0 and chunk_split({"ORIN_LLM_CHUNK_SPLIT": "512"}) == 512
