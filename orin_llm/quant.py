@@ -187,13 +187,15 @@ def dequantize(planes: dict[str, Tensor], qtype: QT) -> Tensor:
 # matrices (H100, 1B Q6_K, docs/PERF.md, sixth session); decode and verify rows (at most 16) stay below it
 MATMUL_ROWS = 32
 
-# A chunk of fewer than SPLIT_ROWS rows has few output tiles for the tensor cores, and each walked the whole reduction
-# in turn: the 32-row chunk's products ran at 125-820 GB/s of weights after a full search (ffn_down, 8192 long: 155 us
-# a layer; H200, 1B Q6_K, eighteenth session, docs/PERF.md). There the reduction is split into parts of SPLIT_LEN
-# columns, multiplied side by side (one more axis of tiles) into float32 partial sums that a small kernel adds: pp32
-# went from 4599 to 9414 tok/s with parts of 256 (8862 with 128, 8462 with 512; llama.cpp: 10026 +- 1850, same run).
-# ORIN_LLM_CHUNK_SPLIT=n (an experiment's knob; part of the steps file's key): parts of n columns, 0: no split
-SPLIT_ROWS = 128
+# A matrix product's output tiles each walk the whole reduction in turn; with few rows there are few tiles: the 32-row
+# chunk's products ran at 125-820 GB/s of weights after a full search (ffn_down, 8192 long: 155 us a layer; H200, 1B
+# Q6_K, eighteenth session, docs/PERF.md). So the reduction is split into parts, multiplied side by side (one more
+# axis of tiles) into float32 partial sums that a small kernel adds. A part is at least 4 x rows long, so that the
+# partial sums (4 bytes a row and output) take at most half the bytes of the float16 weights (2 a column and output),
+# and at least SPLIT_LEN. Measured (H200, 1B Q6_K, same call as llama.cpp): pp32 4599 -> 9414 tok/s with parts of 256
+# (8862 with 128, 8462 with 512); pp512 32227 -> 35369 and pp2048 29489 -> 32102 with ffn_down's 8192 in 4 parts of
+# 2048 (its product 274 -> 163 us searched, plus 17 us for the sum), the 2048-long products whole.
+# ORIN_LLM_CHUNK_SPLIT=n (an experiment's knob; part of the steps file's key): SPLIT_LEN, 0: no split
 def chunk_split(env=os.environ) -> int:
   """ORIN_LLM_CHUNK_SPLIT: 0 (no split) or a multiple of 16 up to 65536 (default 256)."""
   raw = env.get("ORIN_LLM_CHUNK_SPLIT", "256")
@@ -204,8 +206,9 @@ SPLIT_LEN = chunk_split()
 
 def split_parts(rows: int, cols: int) -> int:
   """Parts the reduction of a matrix product of `rows` input rows over `cols` columns runs in (1: not split)."""
-  if rows >= SPLIT_ROWS or not SPLIT_LEN or cols % SPLIT_LEN or cols <= SPLIT_LEN: return 1
-  return cols // SPLIT_LEN
+  part = max(SPLIT_LEN, 4 * rows)
+  if not SPLIT_LEN or cols % part or cols <= part: return 1
+  return cols // part
 
 def as_matrix(rows) -> bool:
   """Whether an input of this many rows (constant) is a prefill chunk, whose products run as float16 matrices."""

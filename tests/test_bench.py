@@ -63,3 +63,9 @@ def test_bench_json_schema(tmp_path):
   sc = json.loads(out.read_text())["schema"]
   assert sc["tokens_timed"] >= 16 and sc["complete_answers"] >= 1 and sc["constrained_tok_s"] > 0 and sc["ratio"] > 0
   assert "decode tok/s, JSON schema" in r.stdout
+
+def test_compile_prompt_fits_the_context():
+  """The prompt that compiles the steps fits a context shorter than a chunk (the one --prompt 32 --depth 0 allocates)."""
+  from orin_llm.bench import compile_prompt_len
+  assert compile_prompt_len(512, 4096) == 515  # a chunk and a few: both chunk sizes
+  assert compile_prompt_len(512, 240) + 4 < 240 and compile_prompt_len(16, 128) == 19

@@ -137,7 +137,7 @@ def test_matmul_prefill_matches_reference(model, rng, monkeypatch, rows):
   # runs the unsplit products (the tiny models' rows are no longer than the default part)
   monkeypatch.setattr(quant, "SPLIT_LEN", 128)
   assert quant.split_parts(rows, 256) == 2 and quant.split_parts(rows, 512) == 4  # the tiny models' dim and ffn_dim
-  assert quant.split_parts(quant.SPLIT_ROWS, 256) == 1 and quant.split_parts(rows, 128) == 1
+  assert quant.split_parts(64, 256) == 1 and quant.split_parts(64, 512) == 2 and quant.split_parts(rows, 128) == 1
   eng = Engine(path, max_context=128, chunk=rows)
   ref = Reference(path)
   prompt = rng.integers(0, VOCAB, 2 * rows + 5).tolist()  # two full chunks and a padded one
@@ -209,3 +209,12 @@ def test_chunk_split_refuses_what_is_not_a_part_length(raw):
   from orin_llm.quant import chunk_split
   with pytest.raises(OrinError, match="ORIN_LLM_CHUNK_SPLIT"): chunk_split({"ORIN_LLM_CHUNK_SPLIT": raw})
   assert chunk_split({}) == 256 and chunk_split({"ORIN_LLM_CHUNK_SPLIT": "0"}) == 0 and chunk_split({"ORIN_LLM_CHUNK_SPLIT": "512"}) == 512
+
+def test_split_parts_of_the_gpu_chunks():
+  """The GPU's chunks (32 and 512 rows) over the 1B's and the 8B's reductions: parts of 256 for 32 rows; for 512 rows
+  parts of 2048 (4 x rows), so that only the long ffn_down splits, its partial sums half the bytes of its weights."""
+  from orin_llm import quant
+  if quant.SPLIT_LEN != 256: pytest.skip("ORIN_LLM_CHUNK_SPLIT is set")
+  assert [quant.split_parts(32, k) for k in (2048, 8192, 14336)] == [8, 32, 56]
+  assert [quant.split_parts(512, k) for k in (2048, 4096, 8192, 14336, 6144)] == [1, 2, 4, 7, 3]
+  assert quant.split_parts(512, 3000) == 1 and quant.split_parts(2048, 8192) == 1
