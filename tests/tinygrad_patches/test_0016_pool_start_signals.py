@@ -14,6 +14,9 @@ SCRIPT = textwrap.dedent("""
   class Stopped(KeyboardInterrupt): pass
   def stop(signum, frame): raise Stopped()
   signal.signal(signal.SIGTERM, stop)
+  # Python's own SIGINT handler, which a process started with SIGINT ignored lacks (a background job of a non-interactive
+  # shell, as `bash .ci/run &` is: there the SIGINT case printed "not interrupted")
+  signal.signal(signal.SIGINT, signal.default_int_handler)
   sig = getattr(signal, sys.argv[1])
   at = random.randint(2, int(os.environ["PARALLEL"]))
   Process = worker._ForkServerWorkerProcess if os.environ["BEAM_MP_CTX"] == "forkserver" else worker._WorkerProcess
