@@ -72,10 +72,15 @@ def rope_table(cfg: ModelConfig, max_context: int, freq_factors: np.ndarray | No
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
   """x (N, heads, head_dim); cos, sin (N, 1, head_dim/2). llama pairs (2i, 2i+1), neox pairs (i, i+d/2)."""
   N, H, D = x.shape
-  if neox: x0, x1 = x[..., :D // 2], x[..., D // 2:]
-  else: x0, x1 = x.reshape(N, H, D // 2, 2)[..., 0], x.reshape(N, H, D // 2, 2)[..., 1]
+  if neox:
+    # x * (cos, cos) + (x1, x0) * (-sin, sin): the halves swapped are a view of x, so the result is one expression.
+    # Computed as two halves and concatenated (y0.cat(y1)), each half of Qwen3's rotated queries was a kernel of its own
+    # (28 kernels a decode step; H200, eighteenth session, docs/PERF.md)
+    h = D // 2
+    return x * cos.cat(cos, dim=-1) + x[..., h:].cat(x[..., :h], dim=-1) * (-sin).cat(sin, dim=-1)
+  x0, x1 = x.reshape(N, H, D // 2, 2)[..., 0], x.reshape(N, H, D // 2, 2)[..., 1]
   y0, y1 = x0 * cos - x1 * sin, x0 * sin + x1 * cos
-  return y0.cat(y1, dim=-1) if neox else y0.unsqueeze(-1).cat(y1.unsqueeze(-1), dim=-1).reshape(N, H, D)
+  return y0.unsqueeze(-1).cat(y1.unsqueeze(-1), dim=-1).reshape(N, H, D)
 
 @dataclass(frozen=True)
 class Rows:
@@ -180,7 +185,11 @@ class Block:
     N = B * T
     q, k, v = self.qkv(rms_norm(x, self.attn_norm, c.norm_eps))
     q, k, v = q.reshape(N, c.n_heads, c.head_dim), k.reshape(N, c.n_kv_heads, c.head_dim), v.reshape(N, c.n_kv_heads, c.head_dim)
-    if c.qk_norm: q, k = rms_norm(q, self.q_norm, c.norm_eps), rms_norm(k, self.k_norm, c.norm_eps)
+    if c.qk_norm:
+      # every head's RMSNorm factor in one reduction over the queries and keys side by side (one buffer where Q and K are
+      # one product, as in every layer of the seeds' files); a norm each took a kernel each (Qwen3: 28 kernels a step)
+      f = (q.cat(k, dim=1).square().mean(-1, keepdim=True) + c.norm_eps).rsqrt()  # (N, heads + kv_heads, 1)
+      q, k = q * f[:, :c.n_heads] * self.q_norm, k * f[:, c.n_heads:] * self.k_norm
     rp = rows.gather(rope)  # (N, head_dim/2, 2)
     cos, sin = rp[:, :, 0].unsqueeze(1), rp[:, :, 1].unsqueeze(1)
     q, k = apply_rope(q, cos, sin, c.rope_neox), apply_rope(k, cos, sin, c.rope_neox)

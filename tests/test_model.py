@@ -218,3 +218,31 @@ def test_split_parts_of_the_gpu_chunks():
   assert [quant.split_parts(32, k) for k in (2048, 8192, 14336)] == [8, 32, 56]
   assert [quant.split_parts(512, k) for k in (2048, 4096, 8192, 14336, 6144)] == [1, 2, 4, 7, 3]
   assert quant.split_parts(512, 3000) == 1 and quant.split_parts(2048, 8192) == 1
+
+def test_qwen3_decode_kernels_beside_llama(tmp_path):
+  """Qwen3's decode step runs at most two kernels a layer more than LLaMA's (same shapes): the Q/K norms' one reduction
+  over queries and keys together, and its queries rotated in one kernel (neox pairs, apply_rope). A norm each and the
+  rotation in two halves made it four (492 kernels a token for Qwen3-1.7B, 436 after; docs/PERF.md)."""
+  from tinygrad.helpers import GlobalCounters
+  counts = {}
+  for pre, vocab in (("tiny-llama", LLAMA_VOCAB), ("tiny-qwen3", QWEN_VOCAB)):
+    eng = Engine(write_model(tmp_path / f"{pre}.gguf", preset(pre), QT.Q4_K, vocab, vocab_size=512), max_context=64)
+    eng.profile_step().realize()
+    GlobalCounters.reset()
+    eng.profile_step().realize()
+    counts[pre] = GlobalCounters.kernel_count
+  assert counts["tiny-qwen3"] <= counts["tiny-llama"] + 2 * preset("tiny-qwen3").n_layers, counts
+
+def test_neox_rotation_against_numpy(rng):
+  """apply_rope's two pairings against float64 numpy: neox rotates (i, i + d/2), llama (2i, 2i + 1)."""
+  from tinygrad import Tensor
+  from orin_llm.model import apply_rope
+  N, H, D = 3, 4, 16
+  x, ang = rng.standard_normal((N, H, D)), rng.uniform(-7, 7, (N, 1, D // 2))
+  for neox in (True, False):
+    got = apply_rope(Tensor(x.astype(np.float32)), Tensor(np.cos(ang).astype(np.float32)), Tensor(np.sin(ang).astype(np.float32)), neox).numpy()
+    if neox: x0, x1 = x[..., :D // 2], x[..., D // 2:]
+    else: x0, x1 = x[..., 0::2], x[..., 1::2]
+    y0, y1 = x0 * np.cos(ang) - x1 * np.sin(ang), x0 * np.sin(ang) + x1 * np.cos(ang)
+    want = np.concatenate([y0, y1], -1) if neox else np.stack([y0, y1], -1).reshape(N, H, D)
+    assert np.abs(got - want).max() < 1e-5, neox
