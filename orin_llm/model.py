@@ -54,6 +54,20 @@ ROW_BLOCK = SEGMENTS * SEGMENT
 # for its keys, sums of finite values, which its weight exp(MASKED - max) = 0 then removes; -inf would give NaN there
 MASKED = -1e30
 
+# A prefill chunk's product with V walks every key in each output tile: few tiles (the 1B's chunk of 512: 768 warps of
+# one a block with the hand-coded opts), each waiting on a load per step, so its time grew with the context (139 us a
+# layer at position 1536, H200, eighteenth session). The keys of each block are split into PV_PARTS runs, multiplied
+# side by side (one more axis of tiles) into float32 partial sums that the division adds: the split is taken inside
+# each KV_BLOCK (a constant), so no block is added to the symbolic count and no masked key is computed.
+# ORIN_LLM_CHUNK_PV_PARTS=n (an experiment's knob; part of the steps file's key): 1 is no split
+def chunk_pv_parts(env=os.environ) -> int:
+  """ORIN_LLM_CHUNK_PV_PARTS: a divisor of KV_BLOCK whose runs are a multiple of 16 keys (default 4)."""
+  raw = env.get("ORIN_LLM_CHUNK_PV_PARTS", "4")
+  if not raw.strip().isdigit() or not 1 <= int(raw) <= KV_BLOCK // 16 or (KV_BLOCK // int(raw)) % 16:
+    raise OrinError(f"ORIN_LLM_CHUNK_PV_PARTS={raw!r}: a divisor of {KV_BLOCK} that leaves runs of a multiple of 16 keys is needed (default 4)")
+  return int(raw)
+PV_PARTS = chunk_pv_parts()
+
 def kv_capacity(max_context: int) -> int:
   """Rows of the KV cache: the context rounded up to whole blocks of either form."""
   b = math.lcm(KV_BLOCK, ROW_BLOCK)
@@ -275,14 +289,20 @@ class Block:
     keys = kv[:, :, 0, 0].permute(0, 2, 1, 3).reshape(nb, KV, 1, 1, KV_BLOCK, D)
     scores = (q16 * keys).sum(-1, dtype=dtypes.float32)
     e = softmax_numerator(scores, nb, pos, qpos.reshape(1, 1, T, 1), scale)
-    # probabilities written in key order, float16, then one product with V over every key: the buffer's block count
-    # and keys of a block seen as one axis (a view, no copy), since the hand-coded opts try tensor cores only on a
+    # probabilities written in key order, float16, then products with V over the keys (PV_PARTS of them, each over its
+    # runs of keys): the buffer's block count and keys of a run seen as one axis (a view, no copy), since the hand-coded opts try tensor cores only on a
     # kernel with one reduce axis (summed over both, the product had none). V's columns padded with ones give the
     # denominator too (as attend_rows does), rather than a kernel of its own reading the probabilities again. Eight of
     # them: with one column more (65) the product had no tensor cores
-    p16 = e.cast(dtypes.float16).contiguous().permute(1, 2, 3, 0, 4).reshape(KV, g * T, nb * KV_BLOCK)
-    vals1 = kv[:, :, 0, 1].permute(2, 0, 1, 3).reshape(KV, nb * KV_BLOCK, D).pad(((0, 0), (0, 0), (0, DENOM_COLUMNS)), value=1.0)
-    acc = p16.matmul(vals1, dtype=dtypes.float32).reshape(KV, g, T, D + DENOM_COLUMNS)
+    # Split in PV_PARTS runs of R keys inside each block (key j * KV_BLOCK + s * R + r in part s): each part's keys
+    # one axis again (block count and r), the parts an axis of their own, their float32 sums written out (contiguous:
+    # else tinygrad folds the parts' sum back into the product's reduction) and added after
+    S, R = PV_PARTS, KV_BLOCK // PV_PARTS
+    p16 = e.cast(dtypes.float16).contiguous().reshape(nb, KV, g, T, S, R).permute(4, 1, 2, 3, 0, 5).reshape(S, KV, g * T, nb * R)
+    vals1 = kv[:, :, 0, 1].reshape(nb, S, R, KV, D).permute(1, 3, 0, 2, 4).reshape(S, KV, nb * R, D)
+    vals1 = vals1.pad(((0, 0), (0, 0), (0, 0), (0, DENOM_COLUMNS)), value=1.0)
+    acc = p16.matmul(vals1, dtype=dtypes.float32)
+    acc = (acc.contiguous().sum(0) if S > 1 else acc[0]).reshape(KV, g, T, D + DENOM_COLUMNS)
     return (acc[..., :D] / acc[..., D:D + 1]).reshape(1, KV, g, T, D)
 
   def __call__(self, x: Tensor, rows: Rows, rope: Tensor, pos: Tensor) -> Tensor:

@@ -59,10 +59,32 @@ def test_verify_rows(rng):
   start = int(rng.integers(0, ROW_BLOCK))
   run(rng, (start + np.arange(5)).reshape(1, 5), rows=True)
 
-def test_chunk_matrix_form(rng):
-  """A prefill chunk of 32 rows from a random start: the float16 matrix form, over a block boundary."""
-  start = int(rng.integers(KV_BLOCK - 32, KV_BLOCK))
+@pytest.mark.parametrize("parts", [1, 4, KV_BLOCK // 16])
+def test_chunk_matrix_form(rng, monkeypatch, parts):
+  """A prefill chunk of 32 rows from a random start: the float16 matrix form, over a block boundary, its product with
+  V whole and split into runs of keys inside each block (model.PV_PARTS), down to runs of 16."""
+  from orin_llm import model
+  monkeypatch.setattr(model, "PV_PARTS", parts)
+  start = int(rng.integers(KV_BLOCK - 32, KV_BLOCK)) + KV_BLOCK * int(rng.integers(0, 3))
   run(rng, (start + np.arange(32)).reshape(1, 32), rows=False)
+
+def test_chunk_pv_parts_stay_apart():
+  """The split of the chunk's product with V must survive scheduling: the parts' float32 sums, (PV_PARTS, KV, g*T,
+  D + DENOM_COLUMNS), are written out by the product and added after. As one expression tinygrad folds the parts' sum
+  back into the product's reduction: one serial walk over every key per output tile (139 us a layer for the 1B's chunk
+  of 512 at position 1536 against 62 split, H200, docs/PERF.md nineteenth session)."""
+  from tinygrad import UOp
+  from tinygrad.uop.ops import Ops
+  from orin_llm.model import DENOM_COLUMNS, PV_PARTS
+  if PV_PARTS == 1: pytest.skip("ORIN_LLM_CHUNK_PV_PARTS=1: no split")
+  T, L = 32, 4 * KV_BLOCK
+  cache = Tensor.empty(L, 1, 2, KV, D, dtype=dtypes.float16)
+  nb = UOp.variable("blocks", 1, L // KV_BLOCK).bind(3)
+  q, qpos = Tensor.empty(1, KV, G, T, D), Tensor.empty(1, T, dtype=dtypes.int32)
+  out = Block.attend_chunk(None, q, cache.reshape(-1, KV_BLOCK, 1, 2, KV, D)[0:nb], nb, Tensor.arange(L, dtype=dtypes.int32), qpos, 0.25)
+  linear, _ = out.linear_with_vars()
+  written = [(math.prod(call.src[1].shape), call.src[1].dtype) for call in linear.src if call.op is Ops.CALL and call.src[0].op is Ops.SINK]
+  assert (PV_PARTS * KV * G * T * (D + DENOM_COLUMNS), dtypes.float32) in written, written
 
 def test_segment_sums_stay_a_kernel_of_their_own():
   """The split must survive scheduling: each segment's exp-weighted sum of V with columns of ones is written out as
@@ -196,3 +218,12 @@ def test_decode_segments_refuses_what_is_not_a_count(raw):
   from orin_llm.model import decode_segments
   with pytest.raises(OrinError, match="ORIN_LLM_DECODE_SEGMENTS"): decode_segments({"ORIN_LLM_DECODE_SEGMENTS": raw})
   assert decode_segments({}) == 128 and decode_segments({"ORIN_LLM_DECODE_SEGMENTS": "32"}) == 32
+
+@pytest.mark.parametrize("raw", ["0", "3", "32", "-4", "four", ""])
+def test_chunk_pv_parts_refuses_what_does_not_split_a_block(raw):
+  """ORIN_LLM_CHUNK_PV_PARTS (the chunk's product with V in parts, an experiment's knob): a divisor of KV_BLOCK into
+  runs of a multiple of 16 keys (the tensor cores' step), or a one-line error."""
+  from orin_llm.errors import OrinError
+  from orin_llm.model import chunk_pv_parts
+  with pytest.raises(OrinError, match="ORIN_LLM_CHUNK_PV_PARTS"): chunk_pv_parts({"ORIN_LLM_CHUNK_PV_PARTS": raw})
+  assert chunk_pv_parts({}) == 4 and chunk_pv_parts({"ORIN_LLM_CHUNK_PV_PARTS": "1"}) == 1 and chunk_pv_parts({"ORIN_LLM_CHUNK_PV_PARTS": "16"}) == 16
