@@ -23,7 +23,7 @@ class FakeEngine:
   """Decodes token t -> t + 1 in every slot; prompts run in chunks of 4 tokens."""
   def __init__(self, slots=2, ctx=200):
     self.max_batch, self.max_context, self.slots = slots, ctx, [Slot() for _ in range(slots)]
-    self.chunks_run, self.decodes, self.fail, self.resets, self.lock = 0, [], None, 0, threading.Lock()
+    self.chunks_run, self.decodes, self.rounds, self.fail, self.resets, self.lock = 0, [], [], None, 0, threading.Lock()
   def common_prefix(self, s, toks):
     n = 0
     for a, b in zip(self.slots[s].cached, toks):
@@ -46,6 +46,7 @@ class FakeEngine:
   def decode(self, slots, n, ahead=False):
     if self.fail: raise self.fail
     self.decodes.append(tuple(slots))
+    self.rounds.append(n)
     out = np.zeros((n, len(slots)), np.int64)
     for j, sl in enumerate(slots):
       s = self.slots[sl]
@@ -146,4 +147,43 @@ def test_jobs_that_arrive_together_each_prefill_before_the_decode_round():
       texts = [[e for e in drain(j.events) if e[0] == "text"] for j in jobs]
       assert eng.decodes == rounds, eng.decodes
       assert [len(t) > 0 for t in texts] == [True, long_chunk > 4, long_chunk > 4], texts
+  finally: loop.close()
+
+def test_jobs_that_arrive_during_a_chunk_prefill_before_the_decode_round():
+  """Clients that send together reach the queue a few milliseconds apart: the second and third arrive while the
+  first one's chunk runs. join() admits them after it, so the same tick runs their chunks and reads their first
+  tokens before one decode round of all three; without it a round of lookahead steps of the first came between."""
+  loop = asyncio.new_event_loop()
+  try:
+    eng = FakeEngine(slots=3)
+    sched = W.Scheduler(eng, Tok(), Metrics(), lookahead=4)
+    jobs = [W.Job([10 * (i + 1)] * 4, 6, Sampling(), [], loop) for i in range(3)]
+    sched.admit(jobs[0])
+    late = list(jobs[1:])
+    def join():
+      while late and sched.free_slots(): sched.admit(late.pop(0))
+      return False
+    sched.tick(waiting=False, join=join)
+    loop.run_until_complete(asyncio.sleep(0))
+    firsts = []
+    for j in jobs:
+      evs = []
+      while not j.events.empty(): evs.append(j.events.get_nowait())
+      firsts.append([e for e in evs if e[0] == "text"][:1])
+    assert eng.chunks_run == 3 and eng.decodes == [(0, 1, 2)], (eng.chunks_run, eng.decodes)
+    assert all(firsts), firsts
+  finally: loop.close()
+
+def test_a_round_after_a_join_is_short_while_slots_are_free():
+  """A job that joined with slots still free: the next round is 2 steps, not lookahead, since others of its burst may
+  be on their way; once nothing joins, rounds of lookahead steps; with no slot free, lookahead after a join too."""
+  loop = asyncio.new_event_loop()
+  try:
+    for slots, first in ((3, 2), (1, 4)):
+      eng = FakeEngine(slots=slots)
+      sched = W.Scheduler(eng, Tok(), Metrics(), lookahead=4)
+      sched.admit(W.Job([7] * 4, 40, Sampling(), [], loop))
+      sched.tick(waiting=False)
+      sched.tick(waiting=False)
+      assert eng.rounds == [first, 4], (slots, eng.rounds)
   finally: loop.close()

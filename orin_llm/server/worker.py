@@ -92,25 +92,39 @@ class Scheduler:
     else: r.prefill = self.eng.prefill_chunks(slot, job.prompt, job.sampling, mask=lambda: self._mask(r))
     self.m.slots_active.set(len(self.runs))
 
-  def tick(self, waiting: bool):
+  def tick(self, waiting: bool, join=None):
     """A prefill chunk of each joining job (oldest first, until one runs a long chunk), then one decode round for
     every generating slot. Clients that arrive together each get their first token after their own short prompt's
     chunk and those before it, not after theirs and a decode round for each job before them. waiting: jobs wait for
-    a slot, so the round is kept short and they join sooner."""
+    a slot, so the round is kept short and they join sooner. join(): admits the jobs queued since (while slots are
+    free) and says whether jobs still wait; called after the chunks, so that jobs which arrived during them take
+    their chunk in this tick too, before the round. Clients that send together reach the queue a few milliseconds
+    apart: the first one's chunk ran alone, then a round of DEFAULT_LOOKAHEAD steps, and only then the others'
+    chunks (4 clients: time to the first token 24.9 ms at the median against 5.5 alone, 1B on an H200)."""
     for r in list(self.runs.values()):
       if r.job.cancelled.is_set(): self._finish(r, "cancelled")
-    joining = sorted((r for r in self.runs.values() if r.prefill is not None), key=lambda r: r.job.arrived)
-    for r in joining:  # a chunk each, oldest first; a prompt's last chunk also queues the choice of its first token
-      before = len(self.eng.slots[r.slot].cached)
-      next(r.prefill, None)
-      done = len(self.eng.slots[r.slot].cached)
-      if done == len(r.job.prompt):
-        r.prefill = None
-        self._emit(r, [self.eng.first_token(r.slot)])  # read at once: each joining job's first token as soon as it is chosen
-      if done - before > self.long_chunk: break  # a long chunk ran (~28 ms, 1B on an H100): the generating slots go next
+    ran, long = set(), False
+    while not long:
+      joining = sorted((r for r in self.runs.values() if r.prefill is not None and r not in ran), key=lambda r: r.job.arrived)
+      if not joining: break
+      for r in joining:  # a chunk each, oldest first; a prompt's last chunk also queues the choice of its first token
+        ran.add(r)
+        before = len(self.eng.slots[r.slot].cached)
+        next(r.prefill, None)
+        done = len(self.eng.slots[r.slot].cached)
+        if done == len(r.job.prompt):
+          r.prefill = None
+          self._emit(r, [self.eng.first_token(r.slot)])  # read at once: each joining job's first token as soon as it is chosen
+        if done - before > self.long_chunk:  # a long chunk ran (~28 ms, 1B on an H100): the generating slots go next
+          long = True
+          break
+      if join is not None: waiting = join()
     gen = [r for r in self.runs.values() if r.prefill is None]
     if not gen: return
-    busy = waiting or any(r.prefill is not None for r in self.runs.values())
+    # short rounds while jobs wait or join: also after a job joined with slots still free, since clients that send
+    # together arrive over a few milliseconds, and one that comes during a round waits for all of it (4 clients: 95th
+    # percentile of the time to the first token 33 ms, a round of 8 steps; 1B, H200, docs/PERF.md nineteenth session)
+    busy = waiting or any(r.prefill is not None for r in self.runs.values()) or (bool(ran) and bool(self.free_slots()))
     room = min(self.eng.max_context - 1 - len(self.eng.slots[r.slot].cached) for r in gen)
     if len(gen) == 1 and self._speculate(gen[0], room, busy): return
     spec = gen[0].spec if len(gen) == 1 and not busy else None  # a lone job that speculates: plain rounds in its stretches
@@ -274,18 +288,11 @@ class Worker:
     self.sched = sched = Scheduler(self.engine, self.tok, self.metrics, self.lookahead or DEFAULT_LOOKAHEAD)
     while not self._stop.is_set():
       self.heartbeat = time.monotonic()
-      # jobs join while slots are free; an idle engine waits for the next one
-      while sched.free_slots():
-        try: job = self.queue.get(timeout=0.5) if not sched.busy() else self.queue.get_nowait()
-        except queue.Empty: break
-        if job is None: return
-        self._unqueue(job)
-        if job.cancelled.is_set(): continue  # its client left while it waited
-        sched.admit(job)
+      if not self._join(sched, idle_wait=True): return
       if not sched.busy(): continue
       self.metrics.busy.set(1)
       before = self.kernel_counts()
-      try: sched.tick(waiting=bool(self.waiting))
+      try: sched.tick(waiting=bool(self.waiting), join=lambda: self._join(sched) and bool(self.waiting))
       except Exception as e:
         logger.exception("generation failed")
         sched.fail(e)
@@ -294,6 +301,18 @@ class Worker:
           logger.info(f"kernel cache: a step compiled or searched {n} kernels (not in {before['path']}; run orin-llm prewarm)")
       if not sched.busy():
         self.metrics.busy.set(0)
+
+  def _join(self, sched: Scheduler, idle_wait: bool = False) -> bool:
+    """Queued jobs take the free slots (an idle engine waits up to half a second for one, when idle_wait); False
+    once stop()'s wake-up came."""
+    while sched.free_slots():
+      try: job = self.queue.get(timeout=0.5) if idle_wait and not sched.busy() else self.queue.get_nowait()
+      except queue.Empty: break
+      if job is None: return False
+      self._unqueue(job)
+      if job.cancelled.is_set(): continue  # its client left while it waited
+      sched.admit(job)
+    return True
 
   def _warm_up(self):
     from orin_llm.warmup import warm_up  # the routine `orin-llm prewarm` fills the kernel cache with
