@@ -174,16 +174,3 @@ def test_jobs_that_arrive_during_a_chunk_prefill_before_the_decode_round():
     assert all(firsts), firsts
   finally: loop.close()
 
-def test_a_round_after_a_join_is_short_while_slots_are_free():
-  """A job that joined with slots still free: the next round is 2 steps, not lookahead, since others of its burst may
-  be on their way; once nothing joins, rounds of lookahead steps; with no slot free, lookahead after a join too."""
-  loop = asyncio.new_event_loop()
-  try:
-    for slots, first in ((3, 2), (1, 4)):
-      eng = FakeEngine(slots=slots)
-      sched = W.Scheduler(eng, Tok(), Metrics(), lookahead=4)
-      sched.admit(W.Job([7] * 4, 40, Sampling(), [], loop))
-      sched.tick(waiting=False)
-      sched.tick(waiting=False)
-      assert eng.rounds == [first, 4], (slots, eng.rounds)
-  finally: loop.close()

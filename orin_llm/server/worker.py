@@ -121,10 +121,7 @@ class Scheduler:
       if join is not None: waiting = join()
     gen = [r for r in self.runs.values() if r.prefill is None]
     if not gen: return
-    # short rounds while jobs wait or join: also after a job joined with slots still free, since clients that send
-    # together arrive over a few milliseconds, and one that comes during a round waits for all of it (4 clients: 95th
-    # percentile of the time to the first token 33 ms, a round of 8 steps; 1B, H200, docs/PERF.md nineteenth session)
-    busy = waiting or any(r.prefill is not None for r in self.runs.values()) or (bool(ran) and bool(self.free_slots()))
+    busy = waiting or any(r.prefill is not None for r in self.runs.values())
     room = min(self.eng.max_context - 1 - len(self.eng.slots[r.slot].cached) for r in gen)
     if len(gen) == 1 and self._speculate(gen[0], room, busy): return
     spec = gen[0].spec if len(gen) == 1 and not busy else None  # a lone job that speculates: plain rounds in its stretches
