@@ -290,8 +290,8 @@ class Block:
     scores = (q16 * keys).sum(-1, dtype=dtypes.float32)
     e = softmax_numerator(scores, nb, pos, qpos.reshape(1, 1, T, 1), scale)
     # probabilities written in key order, float16, then products with V over the keys (PV_PARTS of them, each over its
-    # runs of keys): the buffer's block count and keys of a run seen as one axis (a view, no copy), since the hand-coded opts try tensor cores only on a
-    # kernel with one reduce axis (summed over both, the product had none). V's columns padded with ones give the
+    # runs of keys): the buffer's block count and keys of a run seen as one axis (a view, no copy), since the
+    # hand-coded opts try tensor cores only on a kernel with one reduce axis (summed over both, the product had none). V's columns padded with ones give the
     # denominator too (as attend_rows does), rather than a kernel of its own reading the probabilities again. Eight of
     # them: with one column more (65) the product had no tensor cores
     # Split in PV_PARTS runs of R keys inside each block (key j * KV_BLOCK + s * R + r in part s): each part's keys
