@@ -23,7 +23,7 @@ class FakeEngine:
   """Decodes token t -> t + 1 in every slot; prompts run in chunks of 4 tokens."""
   def __init__(self, slots=2, ctx=200):
     self.max_batch, self.max_context, self.slots = slots, ctx, [Slot() for _ in range(slots)]
-    self.chunks_run, self.decodes, self.rounds, self.fail, self.resets, self.lock = 0, [], [], None, 0, threading.Lock()
+    self.chunks_run, self.decodes, self.fail, self.resets, self.lock = 0, [], None, 0, threading.Lock()
   def common_prefix(self, s, toks):
     n = 0
     for a, b in zip(self.slots[s].cached, toks):
@@ -46,7 +46,6 @@ class FakeEngine:
   def decode(self, slots, n, ahead=False):
     if self.fail: raise self.fail
     self.decodes.append(tuple(slots))
-    self.rounds.append(n)
     out = np.zeros((n, len(slots)), np.int64)
     for j, sl in enumerate(slots):
       s = self.slots[sl]
@@ -173,4 +172,3 @@ def test_jobs_that_arrive_during_a_chunk_prefill_before_the_decode_round():
     assert eng.chunks_run == 3 and eng.decodes == [(0, 1, 2)], (eng.chunks_run, eng.decodes)
     assert all(firsts), firsts
   finally: loop.close()
-
