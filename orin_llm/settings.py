@@ -75,9 +75,11 @@ def beam_width() -> int:
 # decode a third (the attention's reductions got poor splits). The twelfth session: kernels judged alone against a
 # 40 us floor left the decode step's Q/K/V and output matvecs (37 and 32 us with the hand-coded opts, 16 of each a
 # step) unsearched, and decode ran at 520 tok/s; its kernels searched gave 702. A kernel's weight is its time times
-# the calls of the step that run it (patch 0019): 300 us keeps out what runs once a step in under 300 us (tables,
-# sampling, the 512-row chunk's float16 embedding) and, once a layer, in under ~19 us (16 layers) where the H100's
-# timer floor (10-20 us) hides any gain. In the 1B prefill chunk's search no round after 30 s gained.
+# the calls of the step that run it (patch 0019; each call in the step's list, 0027): 300 us keeps out what runs once
+# a step in under 300 us (tables, sampling, the 512-row chunk's float16 embedding) and, once a layer, in under ~19 us
+# (16 layers) where the H100's timer floor (10-20 us) hides any gain. In the 1B prefill chunk's search no round after
+# 30 s gained. Before 0027 a layer's kernels counted 2 calls (twentieth session: counted right, decode 0.92x -> 0.99x
+# llama.cpp and the 1B's prewarm 412 -> ~620 s, H200).
 SEARCH_DEFAULTS = {
   "BEAM_MP_CTX": "forkserver",  # workers fork from a fresh single-threaded server: no lock of ours inherited (issue 25's hang), no re-import
   "BEAM_FROM_HEURISTIC": "1",   # the hand-coded opts (patch 0003) are timed first and start the search: never ends slower than them
