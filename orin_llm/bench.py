@@ -17,6 +17,8 @@ def add_parser(sub):
   p.add_argument("--prompt", default=None, help="prefill lengths, comma-separated (default 32,512,2048, clipped to the context)")
   p.add_argument("--depth", default=None, help="tokens in the context before the timed decode, comma-separated "
                  "(default 0,1024,4096, clipped to the context)")
+  p.add_argument("--temperature", type=float, default=0.0, help="decode and prefill with this temperature (default 0: greedy, "
+                 "as llama-bench compares; the server's requests default to 1.0, sampled on the device)")
   p.add_argument("--lookahead", type=int, default=None, help="decode steps queued before the host reads tokens (default: the engine's, as served)")
   p.add_argument("--context", type=int, default=None, help="context to allocate (default: what the longest prompt or depth needs)")
   p.add_argument("--max-batch", type=int, default=None, help="slots, as the server's (default 4): the kernels the server runs, slot and all")
@@ -41,11 +43,12 @@ def fit(lens: list[int], room: int, context: int, given: bool, what: str, flag: 
              f"{','.join(map(str, lens))} ({flag} and --context choose others)")
   return fit
 
-def generate(eng, prompt: list[int], n: int, lookahead: int | None = None):
-  """Greedy eng.generate from an empty cache: the bench's one way into the engine's generation API."""
+def generate(eng, prompt: list[int], n: int, lookahead: int | None = None, temperature: float = 0.0):
+  """eng.generate from an empty cache, greedy or sampled at `temperature` (seed 1): the bench's one way into the
+  engine's generation API."""
   from orin_llm.sampling import Sampling
   eng.reset()
-  return eng.generate(prompt, n, Sampling(), **({} if lookahead is None else {"lookahead": lookahead}))
+  return eng.generate(prompt, n, Sampling(temperature, seed=1), **({} if lookahead is None else {"lookahead": lookahead}))
 
 def decode_bytes(eng) -> int:
   """Bytes one decode step must read: every weight plane once, except the embedding table, of which
@@ -82,15 +85,16 @@ def compile_prompt_len(chunk: int, context: int) -> int:
   than a chunk of 512: that prompt did not fit)."""
   return min(chunk + 3, context - 5)
 
-def bench_ours(eng, n_tokens: int, prompt_lens: list[int], depths: list[int], lookahead: int) -> dict:
+def bench_ours(eng, n_tokens: int, prompt_lens: list[int], depths: list[int], lookahead: int, temperature: float = 0.0) -> dict:
   from tinygrad.helpers import GlobalCounters
+  gen = lambda prompt, n, *la: generate(eng, prompt, n, *la, temperature=temperature)
   rng = np.random.default_rng(0)
   vocab = eng.cfg.vocab_size
   tokens = lambda n: rng.integers(0, vocab, n).tolist()
   # compile: prefill (two chunk sizes) and decode, outside the timings
   t0 = time.monotonic()
   for _ in range(3):
-    for _ in generate(eng, tokens(compile_prompt_len(eng.chunk, eng.max_context)), 4, lookahead=2): pass
+    for _ in gen(tokens(compile_prompt_len(eng.chunk, eng.max_context)), 4, 2): pass
   compile_s = time.monotonic() - t0
   check_ahead(eng, tokens(16))
   # prefill: each prompt length from an empty cache, until the first token is on the host (best of 3)
@@ -100,11 +104,11 @@ def bench_ours(eng, n_tokens: int, prompt_lens: list[int], depths: list[int], lo
     for _ in range(3):
       prompt = tokens(n)
       t = time.perf_counter()
-      next(iter(generate(eng, prompt, 1)))
+      next(iter(gen(prompt, 1)))
       ttft.append(time.perf_counter() - t)
     prefill[n] = min(ttft)
   # kernels and estimated bytes of one decode step
-  for _ in generate(eng, tokens(16), 2): pass
+  for _ in gen(tokens(16), 2): pass
   eng.profile_step().realize()  # uncompiled, so that each kernel is counted (a graph counts as one)
   GlobalCounters.reset()
   eng.profile_step().realize()
@@ -112,7 +116,7 @@ def bench_ours(eng, n_tokens: int, prompt_lens: list[int], depths: list[int], lo
   # decode at each depth: a prompt of `depth` tokens (16 at depth 0), WARM tokens, then n_tokens timed
   decode = {}
   for d in depths:
-    stamps = [time.perf_counter() for _ in generate(eng, tokens(max(d, 16)), n_tokens + WARM, lookahead)]
+    stamps = [time.perf_counter() for _ in gen(tokens(max(d, 16)), n_tokens + WARM, lookahead)]
     decode[f"d{d}"] = decode_rates(stamps[WARM:], lookahead)
   first = decode[f"d{depths[0]}"]  # the flat decode figures of earlier runs: the shallowest depth
   nbytes = decode_bytes(eng)
@@ -202,8 +206,9 @@ def cmd_bench(args):
   ctx = eng.max_context
   prompt_lens = fit(prompt_lens, ctx - 1, ctx, args.prompt is not None, "prefill lengths", "--prompt")  # room for the next token
   depths = fit(depths, ctx - args.tokens - WARM, ctx, args.depth is not None, "decode depths", "--depth")
-  ours = bench_ours(eng, args.tokens, prompt_lens, depths, args.lookahead or DEFAULT_LOOKAHEAD)
+  ours = bench_ours(eng, args.tokens, prompt_lens, depths, args.lookahead or DEFAULT_LOOKAHEAD, args.temperature)
   res = {"model": str(model), "device": device, "beam": settings.beam_width(), "ours": ours, "prompt": prompt_lens, "depth": depths,
+         "temperature": args.temperature,
          "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
   if args.json_schema:
     try: schema = json.loads(open(args.json_schema).read())
@@ -233,6 +238,7 @@ def print_table(res: dict):
                  f"{sc['answers']} answers ({sc['complete_answers']} complete) of {sc['tokens_per_answer']:.0f} tokens; "
                  f"host {sc['host_ms_per_token']:.2f} ms a token in the grammar"))
   w, w2 = max(len(a) for a, _, _ in rows), max((len(b) for _, b, c in rows if c), default=0)
-  print(f"orin-llm bench: {os.path.basename(res['model'])} on {res['device']} (BEAM={res['beam']})"
+  print(f"orin-llm bench: {os.path.basename(res['model'])} on {res['device']} (BEAM={res['beam']}"
+        + (f", sampled at temperature {res['temperature']:g})" if res.get("temperature", 0) > 0 else ")")
         + (f", llama.cpp {ll['build']}" if ll else ""))
   for a, b, c in rows: print(f"  {a:<{w}}  {b:<{w2}}   {c}".rstrip())

@@ -21,6 +21,7 @@ class Sampling:
   def as_list(self) -> list[float]: return [max(self.temperature, 1e-6), float(self.top_k), float(self.top_p), float(self.seed % (1 << 24))]
 
 ROUNDS, WAYS = 4, 32
+SAMPLE_GROUP = 32  # groups of the candidates' counts over the vocabulary (reduce_last): short, as WAYS of them run at once
 
 def _hash(x: Tensor) -> Tensor:
   """A 32-bit integer mixing function (lowbias32): uniform-looking bits from consecutive inputs."""
@@ -45,9 +46,43 @@ def masked(logits: Tensor, words: Tensor) -> Tensor:
   bits = (words.unsqueeze(-1) >> Tensor.arange(32, dtype=dtypes.uint32).reshape(1, 1, 32)) & 1  # (R, W, 32)
   return (bits.reshape(bits.shape[0], -1)[:, :logits.shape[-1]] != 0).where(logits, float("-inf"))
 
+# tinygrad's argmax over a vocabulary is two reductions (the maximum, then the first index holding it), each split by
+# tinygrad into 256 partial results of 501 elements for a 128256-token vocabulary: 64 threads walking 2004 values
+# each, ~40 us a kernel (H200, 1B Q6_K, docs/PERF.md twentieth session), four kernels a token in all. argmax_rows
+# reduces one unsigned 64-bit key per token (the value's bits as an ordered integer, then the index reversed) in groups
+# of ARGMAX_GROUP: a first kernel of many short reductions side by side, a second over the groups' maxima (a multiple
+# of 16 of them, so that tinygrad's hand-coded opts give it 16 threads). Unsigned: the maximum starts from 0, where a
+# signed one starts from -2**63, a literal that clang warns about on the CPU backend.
+ARGMAX_GROUP = 256
+
+def argmax_rows(x: Tensor) -> Tensor:
+  """x (R, V) float32 -> (R,) int32: the first index of each row's maximum (numpy's argmax, for finite values and
+  -inf; -0.0 ranks below 0.0)."""
+  R, V = x.shape
+  P = -(-V // (ARGMAX_GROUP * 16)) * ARGMAX_GROUP * 16  # padded with -inf, whose indices rank after the real ones
+  bits = x.pad(((0, 0), (0, P - V)), value=float("-inf")).bitcast(dtypes.uint32)
+  order = bits ^ ((bits >> 31) * 0x7FFFFFFF + 0x80000000)  # the floats' order: negative floats' bits all flipped
+  rev = (P - 1 - Tensor.arange(P, dtype=dtypes.int32)).cast(dtypes.uint64).reshape(1, P)
+  key = order.cast(dtypes.uint64) * (1 << 32) + rev  # the larger value, then the smaller index
+  best = key.reshape(R, P // ARGMAX_GROUP, ARGMAX_GROUP).max(-1).contiguous().max(-1)
+  return (P - 1 - (best & 0xFFFFFFFF).cast(dtypes.int64)).cast(dtypes.int32)
+
+def reduce_last(x: Tensor, op: str, group: int = ARGMAX_GROUP) -> Tensor:
+  """x (..., V) -> (...): the maximum ("max") or sum ("sum") over the last axis, in two kernels as argmax_rows
+  reduces (groups of `group`, then the groups' results), each written out. tinygrad's own split of the sampled
+  choice's reductions over a 128256-token vocabulary walked 501 values a thread, four outputs at a time, and fused
+  its second stage into the sum over the candidates that follows, a walk of thousands (docs/PERF.md, twentieth
+  session)."""
+  V = x.shape[-1]
+  P = -(-V // (group * 16)) * group * 16
+  x = x.pad(((0, 0),) * (x.ndim - 1) + ((0, P - V),), value=float("-inf") if op == "max" else 0)
+  y = x.reshape(*x.shape[:-1], P // group, group)
+  y = (y.max(-1) if op == "max" else y.sum(-1)).contiguous()
+  return (y.max(-1) if op == "max" else y.sum(-1)).contiguous()
+
 def greedy(logits: Tensor) -> Tensor:
-  """logits (V,) or (R, V) -> (R,) int32: each row's most likely token."""
-  return _rows(logits).argmax(-1).cast(dtypes.int32)
+  """logits (V,) or (R, V) -> (R,) int32: each row's most likely token (the first, where several tie)."""
+  return argmax_rows(_rows(logits))
 
 def sample(logits: Tensor, params: Tensor, pos) -> Tensor:
   """logits (V,) or (R, V) float32; params (4,) or (R, 4) float32 = [temperature, top_k, top_p, seed] per row; pos:
@@ -61,19 +96,19 @@ def sample(logits: Tensor, params: Tensor, pos) -> Tensor:
   pos = pos.reshape(-1, 1)
   temp, top_k, top_p, seed = (params[:, i:i + 1] for i in range(4))  # (R, 1) each
   l = logits / temp
-  p = (l - l.max(-1, keepdim=True)).exp()
+  p = (l - reduce_last(l, "max").unsqueeze(-1)).exp()
   k = (top_k > 0).where(top_k.minimum(V), V)
-  target = p.sum(-1, keepdim=True) * top_p
+  target = reduce_last(p, "sum").unsqueeze(-1) * top_p
   lo_k, lo_p, width = Tensor.zeros(R, 1), Tensor.zeros(R, 1), 1.0
   frac = ((Tensor.arange(WAYS) + 1).float() * (1.0 / WAYS)).reshape(1, WAYS)
   pe = p.unsqueeze(1)  # (R, 1, V)
   for _ in range(ROUNDS):  # each round narrows both thresholds 32-fold
     ck, cp = (lo_k + frac * width).unsqueeze(-1), (lo_p + frac * width).unsqueeze(-1)  # (R, WAYS, 1) candidates
-    ok_k = (pe >= ck).sum(-1) >= k  # candidates that still keep >= k tokens
-    ok_p = (pe >= cp).where(pe, 0.0).sum(-1) >= target  # ... that keep >= top_p mass
+    ok_k = reduce_last((pe >= ck).cast(dtypes.int32), "sum", SAMPLE_GROUP) >= k  # candidates that still keep >= k tokens
+    ok_p = reduce_last((pe >= cp).where(pe, 0.0), "sum", SAMPLE_GROUP) >= target  # ... that keep >= top_p mass
     step = width / WAYS
     lo_k, lo_p, width = lo_k + ok_k.sum(-1, keepdim=True).float() * step, lo_p + ok_p.sum(-1, keepdim=True).float() * step, step
   t = lo_k.maximum((top_p < 1.0).where(lo_p, 0.0))
   gumbel = -(-uniform(V, seed, pos).log()).log()
   noisy = (temp > 1e-6).where(l + gumbel, l)  # greedy rows: no noise
-  return (p >= t).where(noisy, float("-inf")).argmax(-1).cast(dtypes.int32)
+  return argmax_rows((p >= t).where(noisy, float("-inf")))

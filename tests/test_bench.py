@@ -44,6 +44,17 @@ def test_bench_writes_json(tmp_path):
   assert abs(ratio["decode_d208_tok_s_fa1"] - o["decode_d208_tok_s"] / 309.0) < 1e-9
   assert "decode tok/s, depth 208" in r.stdout and "llama.cpp fa1" in r.stdout and "kernels per token" in r.stdout
 
+def test_bench_sampled(tmp_path):
+  """--temperature: prefill and decode choose their tokens by sampling (the server's requests default to 1.0), the
+  figures say so."""
+  model = write_model(tmp_path / "m.gguf", preset("tiny-llama", n_layers=1, context_length=256), QT.Q6_K, LLAMA_VOCAB, vocab_size=512)
+  out = tmp_path / "bench.json"
+  r = bench("--model", model, "--tokens", "8", "--prompt", "32", "--depth", "0", "--temperature", "0.9", "--json", out)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "compiling the choose-one-sampled step" in r.stderr and "sampled at temperature 0.9" in r.stdout, (r.stderr[-2000:], r.stdout)
+  res = json.loads(out.read_text())
+  assert res["temperature"] == 0.9 and res["ours"]["decode"]["d0"]["tokens_timed"] == 8
+
 def test_bench_lengths_longer_than_context(tmp_path):
   """Lengths the user gives are not clipped: one that does not fit is an error."""
   model = write_model(tmp_path / "m.gguf", preset("tiny-llama", n_layers=1), QT.Q6_K, LLAMA_VOCAB, vocab_size=512)
