@@ -189,6 +189,8 @@ def ours_of(ours: dict, key: str) -> float | None:
   return ours["prefill"].get(kind, {}).get("tok_s")
 
 def cmd_bench(args):
+  if not 0.0 <= args.temperature <= 2.0:  # the server's bound on a request's temperature (NaN fails it too)
+    raise OrinError(f"--temperature {args.temperature}: give a number in 0..2")
   settings.apply(beam=args.beam)
   settings.search_defaults()  # the server's BEAM search settings (forkserver workers, bounds), where unset
   model = settings.model_path(args)

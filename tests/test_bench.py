@@ -1,6 +1,7 @@
 """`orin-llm bench` runs end to end on a small model and writes the figures it prints (CPU: no speed asserted),
 side by side with a stand-in llama-bench that prints what llama-bench -o json prints."""
 import json, os, subprocess, sys
+import pytest
 from gguf import GGMLQuantizationType as QT
 from orin_llm.synth import write_model, preset
 from conftest import LLAMA_VOCAB
@@ -54,6 +55,11 @@ def test_bench_sampled(tmp_path):
   assert "compiling the choose-one-sampled step" in r.stderr and "sampled at temperature 0.9" in r.stdout, (r.stderr[-2000:], r.stdout)
   res = json.loads(out.read_text())
   assert res["temperature"] == 0.9 and res["ours"]["decode"]["d0"]["tokens_timed"] == 8
+
+@pytest.mark.parametrize("t", ["-0.5", "nan", "2.5"])
+def test_bench_temperature_out_of_range(tmp_path, t):
+  r = bench("--model", tmp_path / "absent.gguf", "--temperature", t)
+  assert r.returncode == 2 and "Traceback" not in r.stderr and f"--temperature {float(t)}: give a number in 0..2" in r.stderr, r.stderr
 
 def test_bench_lengths_longer_than_context(tmp_path):
   """Lengths the user gives are not clipped: one that does not fit is an error."""
