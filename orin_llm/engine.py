@@ -474,6 +474,9 @@ class Steps:
     return self._get(f"choose-{rows}-{'greedy' if use_greedy else 'sampled'}{'-masked' * use_mask}", fn)
 
   def one_decode(self, pos, slot) -> Tensor:
+    """The decode step's kernels as the compiled chunk1 and choose steps run them: the logits written to their buffer
+    first, as the step apart from the choice writes them. Unwritten, the choice's first reduction (groups of 256
+    logits) fused into the output head's matvec, a kernel the server never runs (the twentieth session's CI)."""
     e, st = self.eng, self.eng.state
-    logits = e.model(st.next_tok[slot:slot + 1], Rows((pos,), 1, slot))
+    logits = st.logits[0:1].assign(e.model(st.next_tok[slot:slot + 1], Rows((pos,), 1, slot)))
     return st.next_tok[slot:slot + 1].assign(greedy(logits))
