@@ -208,10 +208,13 @@ class Engine:
     self.set_sampling(slot, sampling)
     s = self.slots[slot]
     s.cached, s.next = s.cached[:start], None
-    self._copy_in(self.state.prompt, start, np.array(tokens[start:], np.int32))
     pos = start
     for c in self.chunk_plan(len(tokens) - start):
       n = min(c, len(tokens) - pos)
+      # each chunk's tokens copied just before it: the prompt buffer is one for every slot, and the server runs other
+      # slots' chunks between this prompt's (copied once up front, a prompt of two chunks or more ran its later
+      # chunks on the tokens of the prompt that joined between them)
+      self._copy_in(self.state.prompt, pos, np.array(tokens[pos:pos + n], np.int32))
       self._ahead = None  # the chunk writes the logits a step queued ahead left
       self.steps.chunk(c)(self.v_pos.bind(pos), self.v_slot.bind(slot), self.v_len.bind(n))
       pos += n

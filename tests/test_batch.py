@@ -105,3 +105,20 @@ def test_ahead_rounds_equal_plain(eng, rng, sampled):
   got, n_ahead = run(True)
   assert got == plain, (got, plain)
   assert n_plain == 0 and n_ahead == 2 + 2 + 1, n_ahead
+
+
+def test_interleaved_prompts_each_run_their_own_tokens(eng, rng):
+  """Two prompts of several chunks each, prefilled a chunk at a time in turn (as the server's scheduler runs joining
+  jobs): each gets the first-token logits it gets alone. The prompt buffer is shared by the slots."""
+  prompts = [rng.integers(0, VOCAB, 3 * eng.chunk + int(rng.integers(1, eng.chunk))).tolist() for _ in range(2)]
+  alone = []
+  for p in prompts:
+    eng.reset(); eng.prefill(0, p); alone.append(eng.state.logits[0].numpy())
+  eng.reset()
+  its, got = [eng.prefill_chunks(b, p) for b, p in enumerate(prompts)], {}
+  while its:
+    for b, it in list(enumerate(its)):
+      if it is None: continue
+      if next(it, None) == len(prompts[b]): got[b], its[b] = eng.state.logits[0].numpy(), None
+    if all(it is None for it in its): break
+  for b in range(2): assert rel_err(got[b], alone[b]) < 1e-4, b
