@@ -3,6 +3,8 @@
 The KV cache holds `slots` sequences. Callers drive it push-style, as llama.cpp's server does with its slots:
 - `prefill(slot, tokens)` runs the part of a prompt the slot has not cached, chunk by chunk (`prefill_chunks`
   yields between chunks, so a scheduler can interleave other slots' decode steps or stop a cancelled prompt);
+- `prefill_together({slot: tokens})` runs up to `group_rows` prompt tokens of each of several slots in one step
+  (clients that arrive together: their prompts' weights read once, not once per prompt);
 - `decode(slots, n)` advances several slots together, n tokens each, in batched steps queued back to back;
 - `generate(...)` is the single-sequence loop built on both (CLI, bench, tests).
 Constrained decoding (structured.py) masks a slot's choices with its row of `mask`: `prefill_chunks(mask=)` and
@@ -44,6 +46,12 @@ HIST = 16  # rows of the token history: the most decode steps queued at once (an
 VERIFY_SIZES = (4, 8)  # rows of the compiled verify steps (speculative decoding): a verify runs in the smallest that holds it
 BATCH_SIZES = (2, 4, 8)  # decode steps compiled for several sequences: a batch runs in the smallest that holds it
 
+def group_rows(tensor_cores: bool, slots: int) -> int:
+  """Prompt tokens per sequence of the step that prefills every slot's prompt at once (Steps.group): a small chunk
+  each where tensor cores take the products of all the rows; else so few that the rows stay under
+  quant.MATMUL_ROWS, whose products dequantize inside the reduction as decode's do (tinygrad's CPU backend)."""
+  return SMALL_CHUNK if tensor_cores else max(1, NO_TC_CHUNK // slots)
+
 @dataclass
 class Slot:
   """Host-side state of one KV-cache slot: the tokens whose keys and values it holds, from position 0."""
@@ -55,15 +63,17 @@ class RunState:
   """Everything a step reads or writes besides the weights, with its shape (llama2.c's RunState):
   per layer the KV cache (capacity, slots, 2, kv_heads, head_dim) float16, in the model's blocks;
   prompt   (capacity,) int32       the prompt being prefilled (one at a time)
+  group    (slots, G) int32        G prompt tokens of each slot, prefilled together (Steps.group; G = group_rows)
   next_tok (slots,) int32          each slot's next input token: every choice writes it, decode reads it
   hist     (HIST, slots) int32     the tokens chosen by the queued steps, by step index (verify: by row)
   params   (slots, 4) float32      each slot's sampling parameters (sampling.Sampling.as_list)
   mask     (slots, words) uint32   each slot's allowed tokens, a bit each (words = vocab/32 rounded up), read only by
                                    the masked choice steps; all ones but for slots of constrained requests
   logits   (rows, vocab) float32   the last model step's logits, rows = max(slots, HIST)"""
-  def __init__(self, capacity: int, slots: int, vocab: int, device: str):
+  def __init__(self, capacity: int, slots: int, vocab: int, device: str, group: int = 1):
     z = lambda *shape, dtype=dtypes.int32: Tensor.zeros(*shape, dtype=dtype, device=device).contiguous().realize()
     self.prompt, self.next_tok, self.hist = z(capacity), z(slots), z(HIST, slots)
+    self.group = z(slots, group)
     self.params = Tensor(np.array([Sampling().as_list()] * slots, np.float32), device=device).contiguous().realize()
     self.logits = z(max(slots, HIST), vocab, dtype=dtypes.float32)
     self.mask = Tensor.full((slots, (vocab + 31) // 32), 0xFFFFFFFF, dtype=dtypes.uint32, device=device).contiguous().realize()
@@ -91,11 +101,12 @@ class Engine:
                                 fuse=fused_groups(self.cfg, {n: t.qtype for n, t in self.file.tensors.items()}))
     # a prefill chunk always runs `chunk` rows (a constant shape: matrix products on tensor cores, no symbolic
     # length); the last one of a prompt is padded, so the cache, tables and prompt reach a chunk further
-    pad = max(self.chunk, VERIFY_SIZES[-1])
+    self.group_rows = group_rows(tc, max_batch)
+    pad = max(self.chunk, VERIFY_SIZES[-1], self.group_rows)
     # the positions the steps' variables are bounded by, and the buffers' rows: the context, or a prewarm's reach
     self.reach = steps_reach(self.max_context, self.cfg.context_length) if reach else self.max_context
     self.model = Transformer(self.cfg, self.weights, self.reach, self.device, pad=pad, slots=max_batch)
-    self.state = RunState(self.model.capacity, max_batch, self.cfg.vocab_size, self.device)
+    self.state = RunState(self.model.capacity, max_batch, self.cfg.vocab_size, self.device, self.group_rows)
     self.io = host_io(self.device)
     # the model step queued ahead by the last decode(ahead=True), for the next round of the same slots: (slots, batch
     # size, each slot's position and input token); any other step clears it (it writes the logits that step left)
@@ -113,6 +124,7 @@ class Engine:
     self.v_len = UOp.variable("chunk_len", 1, self.chunk)
     self.v_row = UOp.variable("hist_row", 0, HIST - 1)
     self.v_rows = [UOp.variable(f"pos{b}", 0, self.reach) for b in range(max(self.batch_sizes, default=0))]
+    self.v_lens = [UOp.variable(f"len{b}", 1, self.group_rows) for b in range(max_batch)]
     self.v_blocks = UOp.variable("blocks", 1, self.model.capacity // ROW_BLOCK)
     self.steps = Steps(self)
     # the steps a start with this cache captured before (step_cache.py): nothing to schedule or capture
@@ -234,6 +246,39 @@ class Engine:
     """prefill_chunks run to the end; returns the chosen next token."""
     for _ in self.prefill_chunks(slot, tokens, sampling, mask): pass
     return self.first_token(slot)
+
+  def prefill_together(self, jobs: dict[int, tuple[list[int], Sampling]]) -> dict[int, int]:
+    """One step over every slot (Steps.group) that runs the next group_rows tokens each of these slots has not
+    cached of its prompt ({slot: (tokens, sampling)}; the last token always, as prefill_chunks runs it), and queues
+    the choice of the first token of each prompt it completes (first_token reads it). Returns each slot's cached
+    length. The other slots' rows run at their slot's length and write past what it caches, as a batch's idle rows
+    do. Results equal prefill_chunks' (tests/test_batch.py): each row attends to its own slot's keys only."""
+    assert jobs and self.max_batch > 1
+    B, G = self.max_batch, self.group_rows
+    toks, pos, lens, done = np.zeros((B, G), np.int32), [], [], []
+    for b in range(B):
+      s = self.slots[b]
+      if b in jobs:
+        tokens, sampling = jobs[b]
+        self.check_prompt(tokens)
+        self.set_sampling(b, sampling)
+        start = min(self.common_prefix(b, tokens), len(tokens) - 1)
+        n = min(G, len(tokens) - start)
+        toks[b, :n] = tokens[start:start + n]
+        s.cached, s.next = tokens[:start + n], None
+        pos.append(start); lens.append(n)
+        if start + n == len(tokens): done.append(b)
+      else: pos.append(min(len(s.cached), self.max_context)); lens.append(1)
+    self._ahead = None  # the step writes the logits a step queued ahead left, and next_tok of every slot
+    self._copy_in(self.state.group, 0, toks.reshape(-1))
+    nb = (max(pos) + G + ROW_BLOCK - 1) // ROW_BLOCK
+    self.steps.group(B, G)(*[v.bind(p) for v, p in zip(self.v_rows, pos)], *[v.bind(n) for v, n in zip(self.v_lens, lens)],
+                           self.v_blocks.bind(nb))
+    if done:  # each row chooses at the position after its last token, as prefill_chunks' choice does
+      greedy_only = all(jobs[b][1].greedy for b in done)
+      at = [p + n if b in done else p for b, (p, n) in enumerate(zip(pos, lens))]
+      self.steps.choose(f"batch{B}", greedy_only)(*[v.bind(min(p, self.reach)) for v, p in zip(self.v_rows, at)], self.v_row.bind(0))
+    return {b: len(self.slots[b].cached) for b in jobs}
 
   def decode(self, slots: list[int], n: int, masks=None, ahead: bool = False) -> np.ndarray:
     """n decode steps for each of the given slots, queued back to back: each slot's input is the token chosen for it
@@ -410,6 +455,7 @@ class Steps:
   """The engine's compiled steps (TinyJits), by name:
   chunk{T}       one sequence, T tokens from start_pos in slot `slot` (T = 1: decoding alone) -> logits[0] of row chunk_len
   batch{B}       sequences in slots 0..B-1, one token each at pos0..pos{B-1} -> logits[0:B]
+  group{B}x{G}   every slot's prompt, G tokens each from pos{b}, len{b} of them real -> logits[0:B] of each last one
   verify{K}      one sequence, K tokens from start_pos in slot `slot` -> logits[0:K] of every row (speculative decoding)
   choose-{rows}-{greedy|sampled}  a token per row of logits -> next_tok and hist[hist_row] (verify: hist[0:K, slot]);
                  -masked: among each row's tokens allowed by its row of mask (constrained requests: their own steps,
@@ -443,6 +489,14 @@ class Steps:
       pos, blocks = args[:B], args[B]
       return st.logits[0:B].assign(e.model(st.next_tok[0:B], Rows(tuple(pos), 1, 0, blocks))).realize()
     return self._get(f"batch{B}", fn)
+
+  def group(self, B: int, G: int) -> TinyJit:
+    e, st = self.eng, self.eng.state
+    def fn(*args):
+      pos, lens, blocks = args[:B], args[B:2 * B], args[2 * B]
+      x = e.model(st.group.reshape(-1), Rows(tuple(pos), G, 0, blocks), n=tuple(lens))
+      return st.logits[0:B].assign(x).realize()
+    return self._get(f"group{B}x{G}", fn)
 
   def verify(self, K: int) -> TinyJit:
     e, st = self.eng, self.eng.state

@@ -1,8 +1,8 @@
 """The LLaMA / Qwen3 decoder, written with tinygrad over quantized weights (orin_llm.quant).
 
-One forward pass runs the tokens of `Rows`: either one sequence's T consecutive tokens from its start position
-(a prefill chunk, a speculative verify step, or T = 1 when decoding alone), or B sequences one token each (a
-batched decode step, sequence b in KV-cache slot b). It writes their keys and values into the float16 KV cache
+One forward pass runs the tokens of `Rows`: one sequence's T consecutive tokens from its start position (a prefill
+chunk, a speculative verify step, or T = 1 when decoding alone), or B sequences of T tokens each, sequence b in
+KV-cache slot b (a batched decode step, T = 1, or several prompts prefilled together). It writes their keys and values into the float16 KV cache
 and returns logits. Start positions (and the slot of a single sequence) may be symbolic tinygrad variables, so
 that one compiled graph serves every position.
 
@@ -50,6 +50,18 @@ def decode_segments(env=os.environ) -> int:
   return int(raw)
 SEGMENTS, SEGMENT = decode_segments(), 8
 ROW_BLOCK = SEGMENTS * SEGMENT
+# The segments' partial sums take (query rows x SEGMENTS x row_columns) floats a layer: 3.3 MB for a verify step of 8
+# rows of the 1B, but 168 MB for 4 prompts of 32 rows prefilled together (Steps.group). Rows past ROW_SEGMENT_BUDGET /
+# SEGMENTS take fewer, longer segments, so that a step's partial sums stay what 8 rows' are (each thread then walks
+# more keys of a block, as a prefill chunk's rows are many enough to keep the GPU busy without the split)
+ROW_SEGMENT_BUDGET = 8 * SEGMENTS
+
+def row_segments(rows: int) -> int:
+  """Segments of a key block for this many query rows (per head): SEGMENTS up to 8 rows (decode, batches of up to 8,
+  verify steps), halved for each doubling of the rows after."""
+  s = SEGMENTS
+  while s > 1 and rows * s > ROW_SEGMENT_BUDGET: s //= 2
+  return s
 # the score of a masked key: finite, so that a segment with no visible key (its maximum this value) gives exp(0) = 1
 # for its keys, sums of finite values, which its weight exp(MASKED - max) = 0 then removes; -inf would give NaN there
 MASKED = -1e30
@@ -99,14 +111,13 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
 @dataclass(frozen=True)
 class Rows:
   """The tokens of one forward pass. starts[b]: the first position of sequence b (an int or a bound variable).
-  T tokens per sequence; T > 1 only with one sequence. slot: that one sequence's KV-cache slot (int or bound
-  variable); B > 1 sequences are in slots 0..B-1. nb: key blocks every row attends over (None: those the one
-  sequence needs); with several sequences it is a variable bound to what the longest needs."""
+  T tokens per sequence. slot: a lone sequence's KV-cache slot (int or bound variable); B > 1 sequences are in
+  slots 0..B-1. nb: key blocks every row attends over (None: those the one sequence needs); with several sequences
+  it is a variable bound to what the longest needs. Several sequences attend as decode rows do (attend_rows)."""
   starts: tuple
   T: int = 1
   slot: int | UOp = 0
   nb: int | UOp | None = None
-  def __post_init__(self): assert self.T == 1 or len(self.starts) == 1, "several sequences decode one token each"
   @property
   def B(self) -> int: return len(self.starts)
   def blocks(self, size: int):
@@ -214,7 +225,9 @@ class Block:
     slot0 = rows.slot if B == 1 else 0
     stores = [self.cache[s:s + T, slot0 + b:slot0 + b + 1].uop.store(new[b].uop) for b, s in enumerate(rows.starts)]
     cache = Tensor(self.cache.uop.after(*stores))
-    matrix = quant.as_matrix(T)
+    # a chunk of one sequence: the tensor-core form; several sequences' prompts together: the rows' form, whose
+    # queries each carry their own sequence and position
+    matrix = quant.as_matrix(T) and B == 1
     size = KV_BLOCK if matrix else ROW_BLOCK
     nb = rows.blocks(size)
     # (nb, size, B, 2, kv_heads, head_dim): the whole cache in blocks, then the first nb blocks. Sliced first
@@ -240,7 +253,8 @@ class Block:
     exp-weighted sum of V with columns of ones appended (row_columns), which gives the softmax's denominator; then the segments
     are combined, each weighted by exp(its max - the overall max). The probabilities are never written out."""
     B, KV, g, T, D = q.shape
-    S, KB = SEGMENTS, SEGMENT
+    S = row_segments(B * T)
+    KB = ROW_BLOCK // S
     # (nb, B, kv_heads, S, KB, head_dim): the symbolic block count and the keys of a segment (both reduced) kept apart
     # by the segment axis, so that tinygrad cannot merge them into one symbolic range, which it runs serially. The
     # block count first in every buffer the scores are written to: the context then enters it only as its size, not
@@ -325,11 +339,16 @@ class Transformer:
     self.pos = Tensor(np.arange(self.capacity, dtype=np.int32), device=device).realize()  # position of each cache row
     self.blocks = [Block(cfg, w, i, self.capacity, slots, device) for i in range(cfg.n_layers)]
 
-  def __call__(self, tokens: Tensor, rows: Rows, n: int | UOp | None = None, all_rows: bool = False) -> Tensor:
-    """tokens (B*T,) int32 -> float32 logits (R, vocab): of every row (all_rows, or B > 1 sequences), else of the
-    n-th row (default: the last). With n < T the tokens after the n-th are padding: their keys and values land in
-    the cache past the sequence, where nothing reads them before the position is written again."""
+  def __call__(self, tokens: Tensor, rows: Rows, n=None, all_rows: bool = False) -> Tensor:
+    """tokens (B*T,) int32 -> float32 logits (R, vocab): of every row (all_rows, or B > 1 sequences of T = 1), else
+    of each sequence's n-th row (n: an int or variable, or a tuple of them, one per sequence; default: the last).
+    With n < T the tokens after the n-th are padding: their keys and values land in the cache past the sequence,
+    where nothing reads them before the position is written again."""
     x = self.embd.rows_of(tokens)
     for b in self.blocks: x = b(x, rows, self.rope, self.pos)
-    if not all_rows and rows.B == 1: x = x[-1:] if n is None else x[n - 1:n]
+    if not all_rows and (rows.B == 1 or rows.T > 1):
+      ns = n if isinstance(n, tuple) else (rows.T if n is None else n,) * rows.B
+      T = rows.T
+      picks = [x[b * T + k - 1:b * T + k] for b, k in enumerate(ns)]
+      x = picks[0].cat(*picks[1:]) if len(picks) > 1 else (x[-1:] if n is None else picks[0])
     return self.output(rms_norm(x, self.output_norm, self.cfg.norm_eps))

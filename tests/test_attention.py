@@ -59,6 +59,14 @@ def test_verify_rows(rng):
   start = int(rng.integers(0, ROW_BLOCK))
   run(rng, (start + np.arange(5)).reshape(1, 5), rows=True)
 
+def test_prompt_rows_of_several_sequences(rng):
+  """Several sequences' prompt rows together (Steps.group): 8 rows each of 3 sequences at their own starts, causal
+  within each; 24 rows take fewer, longer segments (model.row_segments) than a decode row's."""
+  from orin_llm.model import row_segments
+  assert row_segments(24) < SEGMENTS or SEGMENTS == 1
+  starts = rng.integers(0, 2 * ROW_BLOCK - 8, 3)
+  run(rng, starts.reshape(3, 1) + np.arange(8).reshape(1, 8), rows=True, slots=4)
+
 @pytest.mark.parametrize("parts", [1, 4, KV_BLOCK // 16])
 def test_chunk_matrix_form(rng, monkeypatch, parts):
   """A prefill chunk of 32 rows from a random start: the float16 matrix form, over a block boundary, its product with

@@ -106,6 +106,38 @@ def test_ahead_rounds_equal_plain(eng, rng, sampled):
   assert got == plain, (got, plain)
   assert n_plain == 0 and n_ahead == 2 + 2 + 1, n_ahead
 
+@pytest.mark.parametrize("sampled", [False, True])
+def test_prompts_prefilled_together_equal_alone(eng, rng, sampled):
+  """Three prompts prefilled in steps over every slot (prefill_together, group_rows tokens each a step; one prompt
+  longer than a step, one sharing a cached prefix with its slot) give the first-token logits and tokens each gives
+  prefilled alone, and then decode as it does; slot 3, idle, keeps what it caches."""
+  G = eng.group_rows
+  lens = [G + 3 + int(rng.integers(0, G)), int(rng.integers(1, G + 1)), 2 * G + 1]
+  prompts = [rng.integers(0, VOCAB, n).tolist() for n in lens]
+  samp = [Sampling(2.0, 0, 1.0, int(rng.integers(1 << 20))) if sampled else Sampling() for _ in prompts]
+  prefix = prompts[2][:G + 2]  # slot 2 holds a prefix of its prompt from before: only the rest runs
+  alone = []
+  for p, s in zip(prompts, samp):
+    eng.reset()
+    tok = eng.prefill(0, p, s)
+    logits = eng.state.logits[0].numpy()
+    alone.append((tok, logits, eng.decode([0], 3)[:, 0].tolist()))
+  eng.reset()
+  eng.prefill(2, prefix)
+  eng.prefill(3, prompts[0][:5]); kept = list(eng.slots[3].cached)
+  jobs, first, logits, steps = {b: (p, s) for b, (p, s) in enumerate(zip(prompts, samp))}, {}, {}, 0
+  while jobs:
+    got = eng.prefill_together(jobs)
+    steps += 1
+    for b in [b for b in jobs if got[b] == len(jobs[b][0])]:
+      first[b], logits[b] = eng.first_token(b), eng.state.logits[b].numpy()
+      del jobs[b]
+  assert steps == max(-(-lens[0] // G), -(-lens[1] // G), -(-(lens[2] - len(prefix)) // G))
+  assert all(eng.slots[b].cached == prompts[b] for b in range(3)) and eng.slots[3].cached == kept
+  out = eng.decode([0, 1, 2], 3)
+  for b, (tok, want, rest) in enumerate(alone):
+    assert rel_err(logits[b], want) < 1e-4, b
+    assert first[b] == tok and out[:, b].tolist() == rest, b
 
 def test_interleaved_prompts_each_run_their_own_tokens(eng, rng):
   """Two prompts of several chunks each, prefilled a chunk at a time in turn (as the server's scheduler runs joining

@@ -172,3 +172,47 @@ def test_jobs_that_arrive_during_a_chunk_prefill_before_the_decode_round():
     assert eng.chunks_run == 3 and eng.decodes == [(0, 1, 2)], (eng.chunks_run, eng.decodes)
     assert all(firsts), firsts
   finally: loop.close()
+
+class GroupEngine(FakeEngine):
+  """FakeEngine with a step that prefills every slot's prompt together, group_rows tokens each."""
+  group_rows = 4
+  def __init__(self, slots=4):
+    super().__init__(slots=slots)
+    self.together = []
+  def prefill_together(self, jobs):
+    self.together.append(sorted(jobs))
+    out = {}
+    for b, (toks, _) in jobs.items():
+      s = self.slots[b]
+      start = min(self.common_prefix(b, toks), len(toks) - 1)
+      s.cached, s.next = toks[:start + min(self.group_rows, len(toks) - start)], None
+      out[b] = len(s.cached)
+    return out
+
+def test_short_prompts_that_join_together_prefill_in_one_step():
+  """Three short prompts and a long one admitted at once: the short ones run their tokens in a step over all slots,
+  each one's first token read as its prompt completes, the long one (more than long_chunk tokens left) a chunk of
+  its own. Next tick the 6-token prompt's rest and the long one's (now short enough) run together; the long one's
+  last tokens then run alone, in its own chunk. Every job gets its own tokens."""
+  loop = asyncio.new_event_loop()
+  try:
+    eng = GroupEngine()
+    sched = W.Scheduler(eng, Tok(), Metrics(), lookahead=2)
+    sched.long_chunk = 8
+    prompts = [[11] * 4, [21] * 6, list(range(30, 42)), [41] * 3]
+    jobs = [W.Job(p, 3, Sampling(), [], loop) for p in prompts]
+    for j in jobs: sched.admit(j)
+    sched.tick(waiting=False)
+    assert eng.together == [[0, 1, 3]] and eng.chunks_run == 1, (eng.together, eng.chunks_run)
+    assert sorted(r.slot for r in sched.runs.values() if r.prefill is not None) == [1, 2]  # 0 and 3 decode
+    for _ in range(10):
+      if not sched.busy(): break
+      sched.tick(waiting=False)
+    assert eng.together == [[0, 1, 3], [1, 2]] and eng.chunks_run == 2, (eng.together, eng.chunks_run)
+    loop.run_until_complete(asyncio.sleep(0))
+    for p, j in zip(prompts, jobs):
+      evs = []
+      while not j.events.empty(): evs.append(j.events.get_nowait())
+      text = "".join(e[1] for e in evs if e[0] == "text")
+      assert text == "".join(f"<{p[-1] + 1 + i}>" for i in range(3)), (p, text)
+  finally: loop.close()

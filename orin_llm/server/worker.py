@@ -2,7 +2,8 @@
 generation. It schedules continuously, as llama.cpp's server does with its slots: waiting jobs (in arrival order,
 from a bounded queue) take free KV-cache slots (the one holding the longest prefix of their prompt), and each tick
 of the loop runs a prefill chunk of each joining job and then one batched decode round (a few steps queued back to
-back) for every slot that is generating. A finished or cancelled job leaves its slot at once; the cancel flag (set
+back) for every slot that is generating; the short prompts of jobs that join together run as one step over every
+slot (engine.prefill_together). A finished or cancelled job leaves its slot at once; the cancel flag (set
 when the client goes away) is checked between prefill chunks and between decode rounds. Results go back to the
 request's asyncio task through its event loop."""
 from __future__ import annotations
@@ -107,6 +108,11 @@ class Scheduler:
     while not long:
       joining = sorted((r for r in self.runs.values() if r.prefill is not None and r not in ran), key=lambda r: r.job.arrived)
       if not joining: break
+      together = self._together(joining)
+      if together:  # short prompts of several jobs: their next tokens in one step, the weights read once for all
+        ran.update(together)
+        self._prefill_together(together)
+        joining = [r for r in joining if r not in together]
       for r in joining:  # a chunk each, oldest first; a prompt's last chunk also queues the choice of its first token
         ran.add(r)
         before = len(self.eng.slots[r.slot].cached)
@@ -140,6 +146,24 @@ class Scheduler:
     for j, r in enumerate(gen): self._emit(r, out[:, j].tolist())
     self.m.step_seconds.observe((time.monotonic() - t0) / n)
     if len(gen) == 1 and gen[0].spec is not None: gen[0].spec.rested(n)
+
+  def _together(self, joining: list[Run]) -> list[Run]:
+    """The joining runs that take one step together (engine.prefill_together): two or more whose prompts have at most
+    long_chunk tokens left to run (longer ones start alone, in long chunks), unconstrained (a constrained job's first
+    choice is masked: its own chunks). Where the engine has no such step (one slot), none."""
+    if not getattr(self.eng, "group_rows", 0): return []
+    runs = [r for r in joining if r.job.constraint is None
+            and len(r.job.prompt) - min(self.eng.common_prefix(r.slot, r.job.prompt), len(r.job.prompt) - 1) <= self.long_chunk]
+    return runs if len(runs) > 1 else []
+
+  def _prefill_together(self, runs: list[Run]):
+    got = self.eng.prefill_together({r.slot: (r.job.prompt, r.job.sampling) for r in runs})
+    for r in runs:
+      if got[r.slot] == len(r.job.prompt):
+        r.prefill = None
+        self._emit(r, [self.eng.first_token(r.slot)])
+      else:  # a fresh iterator, should the job go on alone: it starts from what the slot caches now
+        r.prefill = self.eng.prefill_chunks(r.slot, r.job.prompt, r.job.sampling)
 
   def _mask(self, r: Run):
     """r's next bitmask; a constraint that fails fails its job alone (the row chooses freely, and is dropped)."""
