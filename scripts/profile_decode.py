@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Per-kernel breakdown of one decode step: runs the step uncompiled with tinygrad's DEBUG=2 timing
 (each kernel synchronized and timed alone) and prints the kernels by time with their bytes and GB/s.
-  profile_decode.py MODEL [--context N] [--pos P] [--max-batch B] [--batch R | --chunk T]
+  profile_decode.py MODEL [--context N] [--pos P] [--max-batch B] [--batch R | --chunk T | --group]
 --batch R: the batched step of R rows (every row at P), as the server runs R requests at once.
---chunk T: a prefill chunk of T prompt tokens from position P (T one of the engine's chunk sizes)."""
+--chunk T: a prefill chunk of T prompt tokens from position P (T one of the engine's chunk sizes).
+--group: the step that prefills every slot's prompt at once (engine.Steps.group): group_rows tokens of each of the
+max-batch slots from position P, all real (clients that arrive together with short prompts)."""
 import argparse
 from orin_llm import settings
 settings.search_defaults()  # a BEAM run searches as the server does (from the hand-coded opts, small kernels skipped, seeds)
@@ -16,6 +18,7 @@ ap.add_argument("--pos", type=int, default=100); ap.add_argument("--top", type=i
 ap.add_argument("--max-batch", type=int, default=4, help="slots, as the server's and the bench's: the same kernels")
 ap.add_argument("--batch", type=int, default=1, help="rows of the batched step to profile (1: the single-sequence step)")
 ap.add_argument("--chunk", type=int, default=0, help="profile a prefill chunk of this many rows from --pos instead")
+ap.add_argument("--group", action="store_true", help="profile the step that prefills every slot's prompt together instead")
 a = ap.parse_args()
 eng = Engine(a.model, max_context=a.context, max_batch=a.max_batch)
 with Context(BEAM=0): eng.forward(list(range(1, a.pos + 1)), 0)  # fill the cache; these concrete shapes need no search
@@ -27,6 +30,13 @@ if a.chunk:  # the chunk step's model (engine.Steps.chunk) over prompt tokens fr
   def step():
     pos = eng.v_pos.bind(a.pos)
     return st.logits[0:1].assign(eng.model(st.prompt[pos:pos + T], Rows((pos,), T, eng.v_slot.bind(0)), eng.v_len.bind(T))).realize()
+elif a.group:  # the group step's model (engine.Steps.group), its variables bound as prefill_together binds them
+  from orin_llm.model import Rows, ROW_BLOCK
+  st, B, G = eng.state, eng.max_batch, eng.group_rows
+  assert B > 1, "--group needs --max-batch 2 or more"
+  def step():
+    rows = Rows(tuple(v.bind(a.pos) for v in eng.v_rows[:B]), G, 0, eng.v_blocks.bind((a.pos + G + ROW_BLOCK - 1) // ROW_BLOCK))
+    return st.logits[0:B].assign(eng.model(st.group.reshape(-1), rows, n=tuple(v.bind(G) for v in eng.v_lens[:B]))).realize()
 elif a.batch == 1: step = lambda: eng.profile_step().realize()  # the same kernels as the compiled step
 else:  # the batch step's model (engine.Steps.batch), its symbolic positions bound as the compiled step binds them
   from orin_llm.model import Rows, ROW_BLOCK
@@ -35,4 +45,4 @@ else:  # the batch step's model (engine.Steps.batch), its symbolic positions bou
   rows = lambda: Rows(tuple(v.bind(a.pos) for v in eng.v_rows[:B]), 1, 0, eng.v_blocks.bind((a.pos + ROW_BLOCK) // ROW_BLOCK))
   step = lambda: st.logits[0:B].assign(eng.model(st.next_tok[0:B], rows())).realize()
 step()  # compile everything once
-print_table(kernel_times(step), f"one prefill chunk of {a.chunk} at {a.pos}" if a.chunk else "one decode step", a.top)
+print_table(kernel_times(step), f"one prefill chunk of {a.chunk} at {a.pos}" if a.chunk else f"{eng.max_batch} prompts' {eng.group_rows} tokens each at {a.pos}" if a.group else "one decode step", a.top)
