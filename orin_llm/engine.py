@@ -210,18 +210,24 @@ class Engine:
       out.append(c); n -= c
     return out
 
-  def prefill_chunks(self, slot: int, tokens: list[int], sampling: Sampling = Sampling(), mask=None) -> Iterator[int]:
-    """Runs the tokens the slot has not cached (the last one always: its logits choose the next token), one chunk
-    at a time, yielding the number of tokens queued so far after each; the chosen token is in next_tok[slot]. Stopping
-    the iteration early leaves the slot holding the chunks that ran. mask: a callback giving the first token's
-    bitmask (or None), called once the last chunk is queued."""
+  def _prompt_start(self, slot: int, tokens: list[int], sampling: Sampling) -> int:
+    """Where the slot's prefill of tokens starts: after the prefix it caches of them, but at the last token at the
+    latest (its logits choose the next token). The slot then caches that prefix alone, and samples as asked."""
     self.check_prompt(tokens)
     start = min(self.common_prefix(slot, tokens), len(tokens) - 1)
     self.set_sampling(slot, sampling)
     s = self.slots[slot]
     s.cached, s.next = s.cached[:start], None
-    pos = start
-    for c in self.chunk_plan(len(tokens) - start):
+    return start
+
+  def prefill_chunks(self, slot: int, tokens: list[int], sampling: Sampling = Sampling(), mask=None) -> Iterator[int]:
+    """Runs the tokens the slot has not cached (the last one always: its logits choose the next token), one chunk
+    at a time, yielding the number of tokens queued so far after each; the chosen token is in next_tok[slot]. Stopping
+    the iteration early leaves the slot holding the chunks that ran. mask: a callback giving the first token's
+    bitmask (or None), called once the last chunk is queued."""
+    pos = self._prompt_start(slot, tokens, sampling)
+    s = self.slots[slot]
+    for c in self.chunk_plan(len(tokens) - pos):
       n = min(c, len(tokens) - pos)
       # each chunk's tokens copied just before it: the prompt buffer is one for every slot, and the server runs other
       # slots' chunks between this prompt's (copied once up front, a prompt of two chunks or more ran its later
@@ -260,9 +266,7 @@ class Engine:
       s = self.slots[b]
       if b in jobs:
         tokens, sampling = jobs[b]
-        self.check_prompt(tokens)
-        self.set_sampling(b, sampling)
-        start = min(self.common_prefix(b, tokens), len(tokens) - 1)
+        start = self._prompt_start(b, tokens, sampling)
         n = min(G, len(tokens) - start)
         toks[b, :n] = tokens[start:start + n]
         s.cached, s.next = tokens[:start + n], None

@@ -348,7 +348,6 @@ class Transformer:
     for b in self.blocks: x = b(x, rows, self.rope, self.pos)
     if not all_rows and (rows.B == 1 or rows.T > 1):
       ns = n if isinstance(n, tuple) else (rows.T if n is None else n,) * rows.B
-      T = rows.T
-      picks = [x[b * T + k - 1:b * T + k] for b, k in enumerate(ns)]
-      x = picks[0].cat(*picks[1:]) if len(picks) > 1 else (x[-1:] if n is None else picks[0])
+      picks = [x[b * rows.T + k - 1:b * rows.T + k] for b, k in enumerate(ns)]
+      x = picks[0].cat(*picks[1:]) if len(picks) > 1 else picks[0]
     return self.output(rms_norm(x, self.output_norm, self.cfg.norm_eps))
