@@ -26,7 +26,7 @@ from tinygrad import Tensor, TinyJit, UOp, dtypes, Device
 from tinygrad.helpers import GlobalCounters
 from orin_llm.errors import OrinError
 from orin_llm.loader import open_model, load_weights
-from orin_llm.model import Transformer, Rows, fused_groups, ROW_BLOCK
+from orin_llm.model import Transformer, Rows, fused_groups, key_block, ROW_BLOCK
 from orin_llm.step_cache import steps_reach
 from orin_llm.sampling import Sampling, greedy, masked, sample
 from orin_llm.hostio import host_io
@@ -126,6 +126,7 @@ class Engine:
     self.v_rows = [UOp.variable(f"pos{b}", 0, self.reach) for b in range(max(self.batch_sizes, default=0))]
     self.v_lens = [UOp.variable(f"len{b}", 1, self.group_rows) for b in range(max_batch)]
     self.v_blocks = UOp.variable("blocks", 1, self.model.capacity // ROW_BLOCK)
+    self.v_group_blocks = UOp.variable("group_blocks", 1, self.model.capacity // key_block(self.group_rows))  # Steps.group's
     self.steps = Steps(self)
     # the steps a start with this cache captured before (step_cache.py): nothing to schedule or capture
     from orin_llm import step_cache
@@ -275,9 +276,9 @@ class Engine:
       else: pos.append(min(len(s.cached), self.max_context)); lens.append(1)
     self._ahead = None  # the step writes the logits a step queued ahead left, and next_tok of every slot
     self._copy_in(self.state.group, 0, toks.reshape(-1))
-    nb = (max(pos) + G + ROW_BLOCK - 1) // ROW_BLOCK
+    size = key_block(G)
     self.steps.group(B, G)(*[v.bind(p) for v, p in zip(self.v_rows, pos)], *[v.bind(n) for v, n in zip(self.v_lens, lens)],
-                           self.v_blocks.bind(nb))
+                           self.v_group_blocks.bind((max(pos) + G + size - 1) // size))
     if done:  # each row chooses at the position after its last token, as prefill_chunks' choice does
       greedy_only = all(jobs[b][1].greedy for b in done)
       at = [p + n if b in done else p for b, (p, n) in enumerate(zip(pos, lens))]

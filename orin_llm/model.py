@@ -108,12 +108,17 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
   y0, y1 = x0 * cos - x1 * sin, x0 * sin + x1 * cos
   return y0.unsqueeze(-1).cat(y1.unsqueeze(-1), dim=-1).reshape(N, H, D)
 
+def key_block(T: int) -> int:
+  """Keys per block of the attention form that T query rows per sequence take: a prefill chunk's matrix form
+  (attend_chunk) from quant.MATMUL_ROWS rows, else the rows' split (attend_rows)."""
+  return KV_BLOCK if quant.as_matrix(T) else ROW_BLOCK
+
 @dataclass(frozen=True)
 class Rows:
   """The tokens of one forward pass. starts[b]: the first position of sequence b (an int or a bound variable).
   T tokens per sequence. slot: a lone sequence's KV-cache slot (int or bound variable); B > 1 sequences are in
   slots 0..B-1. nb: key blocks every row attends over (None: those the one sequence needs); with several sequences
-  it is a variable bound to what the longest needs. Several sequences attend as decode rows do (attend_rows)."""
+  it is a variable bound to what the longest needs, in blocks of key_block(T)."""
   starts: tuple
   T: int = 1
   slot: int | UOp = 0
@@ -121,8 +126,8 @@ class Rows:
   @property
   def B(self) -> int: return len(self.starts)
   def blocks(self, size: int):
-    """Blocks of `size` keys that hold every key the rows attend to."""
-    if self.nb is not None: assert size == ROW_BLOCK, "several sequences attend as decode rows do"; return self.nb
+    """Blocks of `size` keys that hold every key the rows attend to (nb, where given, counts blocks of key_block(T))."""
+    if self.nb is not None: assert size == key_block(self.T); return self.nb
     return (self.starts[0] + self.T + size - 1) // size
   def gather(self, table: Tensor) -> Tensor:
     """table[start_b + t] for every row, (B*T, ...): a slice per sequence at its symbolic start."""
@@ -225,10 +230,12 @@ class Block:
     slot0 = rows.slot if B == 1 else 0
     stores = [self.cache[s:s + T, slot0 + b:slot0 + b + 1].uop.store(new[b].uop) for b, s in enumerate(rows.starts)]
     cache = Tensor(self.cache.uop.after(*stores))
-    # a chunk of one sequence: the tensor-core form; several sequences' prompts together: the rows' form, whose
-    # queries each carry their own sequence and position
-    matrix = quant.as_matrix(T) and B == 1
-    size = KV_BLOCK if matrix else ROW_BLOCK
+    # prefill chunks (of one sequence, or several sequences' prompts together): the tensor-core form; decode, batch and
+    # verify rows: the split over the keys. Each query carries its own sequence and position. Several prompts of 32
+    # rows in the rows' form took 150 us a layer at position 100, their scores 327 us a layer at the prewarm's context
+    # (1B, H200, docs/PERF.md twenty-second session)
+    matrix = quant.as_matrix(T)
+    size = key_block(T)
     nb = rows.blocks(size)
     # (nb, size, B, 2, kv_heads, head_dim): the whole cache in blocks, then the first nb blocks. Sliced first
     # (nb * size rows) and split into blocks after, every load's index took a modulo by the symbolic length
@@ -282,12 +289,12 @@ class Block:
     return acc[..., :D] / acc[..., D:D + 1]
 
   def attend_chunk(self, q: Tensor, kv: Tensor, nb, pos: Tensor, qpos: Tensor, scale: float) -> Tensor:
-    """A prefill chunk of one sequence: the scores and the product with V as float16 products with float32 sums
+    """A prefill chunk (of one sequence, or of several sequences' prompts side by side): the scores and the product with V as float16 products with float32 sums
     (the product with V runs on tensor cores), the scores and probabilities each written once: fused as in
     attend_rows, every output column recomputed each exp (H200, a chunk of 512: 3.4 ms a layer, docs/PERF.md).
     They take 6 bytes per head, row and key, sized by the JIT for the longest context: 453 MB for a 1B's chunk of
     512 at context 4096."""
-    _, KV, g, T, D = q.shape
+    B, KV, g, T, D = q.shape
     # scores (nb, kv_heads, g, T, KV_BLOCK): the keys' symbolic length split into the block count and a constant axis
     # that tensor cores can take (over one symbolic axis the product had none: 8.7 ms of a 26.6 ms chunk of 512 rows,
     # H200, docs/PERF.md), in key order, so that a tile's outputs are stored in vectors along the keys. Every axis in
@@ -299,10 +306,12 @@ class Block:
     # buffers, as attend_rows has it: the JIT sizes those buffers for the largest block count, so laid out
     # (KV, g, T, nb, KV_BLOCK) their strides held it, and the chunk's four attention kernels had other search keys
     # at another context (the scores and the product with V were the prewarm's longest searches, 60 s each: issue 25)
-    q16 = q.reshape(1, KV, g, T, 1, D).cast(dtypes.float16).contiguous()
-    keys = kv[:, :, 0, 0].permute(0, 2, 1, 3).reshape(nb, KV, 1, 1, KV_BLOCK, D)
-    scores = (q16 * keys).sum(-1, dtype=dtypes.float32)
-    e = softmax_numerator(scores, nb, pos, qpos.reshape(1, 1, T, 1), scale)
+    # Several sequences (their prompts prefilled together, Steps.group): B an outer axis of every buffer, each
+    # sequence's queries against its own slot's keys; for one, that axis is 1 and the kernels are a lone chunk's
+    q16 = q.reshape(1, B, KV, g, T, 1, D).cast(dtypes.float16).contiguous()
+    keys = kv[:, :, :, 0].permute(0, 2, 3, 1, 4).reshape(nb, B, KV, 1, 1, KV_BLOCK, D)
+    scores = (q16 * keys).sum(-1, dtype=dtypes.float32)  # (nb, B, KV, g, T, KV_BLOCK)
+    e = softmax_numerator(scores, nb, pos, qpos.reshape(1, B, 1, 1, T, 1), scale)
     # probabilities written in key order, float16, then products with V over the keys (PV_PARTS of them, each over its
     # runs of keys): the buffer's block count and keys of a run seen as one axis (a view, no copy), since the
     # hand-coded opts try tensor cores only on a kernel with one reduce axis (summed over both, the product had none). V's columns padded with ones give the
@@ -312,12 +321,12 @@ class Block:
     # one axis again (block count and r), the parts an axis of their own, their float32 sums written out (contiguous:
     # else tinygrad folds the parts' sum back into the product's reduction) and added after
     S, R = PV_PARTS, KV_BLOCK // PV_PARTS
-    p16 = e.cast(dtypes.float16).contiguous().reshape(nb, KV, g, T, S, R).permute(4, 1, 2, 3, 0, 5).reshape(S, KV, g * T, nb * R)
-    vals1 = kv[:, :, 0, 1].reshape(nb, S, R, KV, D).permute(1, 3, 0, 2, 4).reshape(S, KV, nb * R, D)
-    vals1 = vals1.pad(((0, 0), (0, 0), (0, 0), (0, DENOM_COLUMNS)), value=1.0)
+    p16 = e.cast(dtypes.float16).contiguous().reshape(nb, B, KV, g, T, S, R).permute(5, 1, 2, 3, 4, 0, 6).reshape(S, B, KV, g * T, nb * R)
+    vals1 = kv[:, :, :, 1].reshape(nb, S, R, B, KV, D).permute(1, 3, 4, 0, 2, 5).reshape(S, B, KV, nb * R, D)
+    vals1 = vals1.pad(((0, 0), (0, 0), (0, 0), (0, 0), (0, DENOM_COLUMNS)), value=1.0)
     acc = p16.matmul(vals1, dtype=dtypes.float32)
-    acc = (acc.contiguous().sum(0) if S > 1 else acc[0]).reshape(KV, g, T, D + DENOM_COLUMNS)
-    return (acc[..., :D] / acc[..., D:D + 1]).reshape(1, KV, g, T, D)
+    acc = (acc.contiguous().sum(0) if S > 1 else acc[0]).reshape(B, KV, g, T, D + DENOM_COLUMNS)
+    return acc[..., :D] / acc[..., D:D + 1]
 
   def __call__(self, x: Tensor, rows: Rows, rope: Tensor, pos: Tensor) -> Tensor:
     h = x + self.attention(x, rows, rope, pos)

@@ -5,7 +5,9 @@
 --batch R: the batched step of R rows (every row at P), as the server runs R requests at once.
 --chunk T: a prefill chunk of T prompt tokens from position P (T one of the engine's chunk sizes).
 --group: the step that prefills every slot's prompt at once (engine.Steps.group): group_rows tokens of each of the
-max-batch slots from position P, all real (clients that arrive together with short prompts)."""
+max-batch slots from position P, all real (clients that arrive together with short prompts).
+--graph N (with --chunk or --group): first, the compiled step's wall time as the server runs it (the prompt's tokens
+from P, the first token read), median of N."""
 import argparse
 from orin_llm import settings
 settings.search_defaults()  # a BEAM run searches as the server does (from the hand-coded opts, small kernels skipped, seeds)
@@ -19,6 +21,7 @@ ap.add_argument("--max-batch", type=int, default=4, help="slots, as the server's
 ap.add_argument("--batch", type=int, default=1, help="rows of the batched step to profile (1: the single-sequence step)")
 ap.add_argument("--chunk", type=int, default=0, help="profile a prefill chunk of this many rows from --pos instead")
 ap.add_argument("--group", action="store_true", help="profile the step that prefills every slot's prompt together instead")
+ap.add_argument("--graph", type=int, default=0, help="with --chunk or --group: also time the compiled step this many times, as the server runs it")
 a = ap.parse_args()
 eng = Engine(a.model, max_context=a.context, max_batch=a.max_batch)
 with Context(BEAM=0): eng.forward(list(range(1, a.pos + 1)), 0)  # fill the cache; these concrete shapes need no search
@@ -31,11 +34,12 @@ if a.chunk:  # the chunk step's model (engine.Steps.chunk) over prompt tokens fr
     pos = eng.v_pos.bind(a.pos)
     return st.logits[0:1].assign(eng.model(st.prompt[pos:pos + T], Rows((pos,), T, eng.v_slot.bind(0)), eng.v_len.bind(T))).realize()
 elif a.group:  # the group step's model (engine.Steps.group), its variables bound as prefill_together binds them
-  from orin_llm.model import Rows, ROW_BLOCK
+  from orin_llm.model import Rows, key_block
   st, B, G = eng.state, eng.max_batch, eng.group_rows
   assert B > 1, "--group needs --max-batch 2 or more"
   def step():
-    rows = Rows(tuple(v.bind(a.pos) for v in eng.v_rows[:B]), G, 0, eng.v_blocks.bind((a.pos + G + ROW_BLOCK - 1) // ROW_BLOCK))
+    size = key_block(G)
+    rows = Rows(tuple(v.bind(a.pos) for v in eng.v_rows[:B]), G, 0, eng.v_group_blocks.bind((a.pos + G + size - 1) // size))
     return st.logits[0:B].assign(eng.model(st.group.reshape(-1), rows, n=tuple(v.bind(G) for v in eng.v_lens[:B]))).realize()
 elif a.batch == 1: step = lambda: eng.profile_step().realize()  # the same kernels as the compiled step
 else:  # the batch step's model (engine.Steps.batch), its symbolic positions bound as the compiled step binds them
@@ -44,5 +48,22 @@ else:  # the batch step's model (engine.Steps.batch), its symbolic positions bou
   st, B = eng.state, a.batch
   rows = lambda: Rows(tuple(v.bind(a.pos) for v in eng.v_rows[:B]), 1, 0, eng.v_blocks.bind((a.pos + ROW_BLOCK) // ROW_BLOCK))
   step = lambda: st.logits[0:B].assign(eng.model(st.next_tok[0:B], rows())).realize()
+if a.graph and (a.chunk or a.group):  # the compiled step as the server runs it: its wall time with the first tokens read
+  import time, numpy as np
+  from orin_llm.sampling import Sampling
+  T = a.chunk or eng.group_rows
+  slots = [0] if a.chunk else list(range(eng.max_batch))
+  prompts = {b: np.random.default_rng(b).integers(0, eng.cfg.vocab_size, a.pos + T).tolist() for b in slots}
+  def served():
+    for b, p in prompts.items(): eng.slots[b].cached, eng.slots[b].next = p[:a.pos], None  # the first pos tokens cached
+    t0 = time.perf_counter()
+    if a.chunk:
+      for _ in eng.prefill_chunks(0, prompts[0], Sampling()): pass
+    else: eng.prefill_together({b: (p, Sampling()) for b, p in prompts.items()})
+    [eng.first_token(b) for b in slots]
+    return time.perf_counter() - t0
+  times = [served() for _ in range(a.graph + 2)][2:]  # the first two capture the step
+  print(f"compiled step, {'one prompt' if a.chunk else f'{len(slots)} prompts'} of {T} tokens at {a.pos}, first tokens read: "
+        f"median {np.median(times) * 1e3:.2f} ms [{min(times) * 1e3:.2f}, {max(times) * 1e3:.2f}] over {a.graph}")
 step()  # compile everything once
 print_table(kernel_times(step), f"one prefill chunk of {a.chunk} at {a.pos}" if a.chunk else f"{eng.max_batch} prompts' {eng.group_rows} tokens each at {a.pos}" if a.group else "one decode step", a.top)

@@ -76,6 +76,12 @@ def test_chunk_matrix_form(rng, monkeypatch, parts):
   start = int(rng.integers(KV_BLOCK - 32, KV_BLOCK)) + KV_BLOCK * int(rng.integers(0, 3))
   run(rng, (start + np.arange(32)).reshape(1, 32), rows=False)
 
+def test_chunk_matrix_form_of_several_sequences(rng):
+  """Several sequences' prompt chunks side by side (Steps.group on a GPU): 32 rows each of 3 sequences at their own
+  starts, in slots 1-3, each attending to its own slot's keys only."""
+  starts = rng.integers(0, 3 * KV_BLOCK - 32, 3)
+  run(rng, starts.reshape(3, 1) + np.arange(32).reshape(1, 32), rows=False, slots=4, slot0=1)
+
 def test_chunk_pv_parts_stay_apart():
   """The split of the chunk's product with V must survive scheduling: the parts' float32 sums, (PV_PARTS, KV, g*T,
   D + DENOM_COLUMNS), are written out by the product and added after. As one expression tinygrad folds the parts' sum

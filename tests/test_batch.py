@@ -3,7 +3,9 @@ computes alone, whatever the others do; idle slots keep what they cache."""
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
+from orin_llm import quant
 from orin_llm.engine import Engine
+from orin_llm.model import KV_BLOCK, ROW_BLOCK, key_block
 from orin_llm.sampling import Sampling
 from orin_llm.synth import write_model, preset
 from conftest import LLAMA_VOCAB, QWEN_VOCAB
@@ -106,11 +108,32 @@ def test_ahead_rounds_equal_plain(eng, rng, sampled):
   assert got == plain, (got, plain)
   assert n_plain == 0 and n_ahead == 2 + 2 + 1, n_ahead
 
+@pytest.fixture(scope="module")
+def eng_matrix(tmp_path_factory):
+  """An engine whose prompt steps of 4 rows a sequence take the matrix form, as a GPU's of 32 do (quant.MATMUL_ROWS)."""
+  seed = int(np.random.SeedSequence().entropy % (1 << 31))
+  print(f"tiny-llama: synth seed {seed}")
+  path = write_model(tmp_path_factory.mktemp("m") / "m.gguf", preset("tiny-llama"), QT.Q4_K, LLAMA_VOCAB, seed=seed, vocab_size=VOCAB)
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(quant, "MATMUL_ROWS", 4)
+    yield Engine(path, max_context=300, chunk=8, max_batch=4)
+
 @pytest.mark.parametrize("sampled", [False, True])
 def test_prompts_prefilled_together_equal_alone(eng, rng, sampled):
   """Three prompts prefilled in steps over every slot (prefill_together, group_rows tokens each a step; one prompt
   longer than a step, one sharing a cached prefix with its slot) give the first-token logits and tokens each gives
-  prefilled alone, and then decode as it does; slot 3, idle, keeps what it caches."""
+  prefilled alone, and then decode as it does; slot 3, idle, keeps what it caches. Here the rows' attention form
+  (attend_rows), as on a CPU."""
+  assert key_block(eng.group_rows) == ROW_BLOCK
+  check_prefilled_together(eng, rng, sampled)
+
+def test_prompts_prefilled_together_in_the_matrix_form_equal_alone(eng_matrix, rng):
+  """As above, with the prompts' rows in the matrix form (attend_chunk over several sequences, float16 products),
+  as a GPU runs them."""
+  assert key_block(eng_matrix.group_rows) == KV_BLOCK
+  check_prefilled_together(eng_matrix, rng, sampled=False)
+
+def check_prefilled_together(eng, rng, sampled: bool):
   G = eng.group_rows
   lens = [G + 3 + int(rng.integers(0, G)), int(rng.integers(1, G + 1)), 2 * G + 1]
   prompts = [rng.integers(0, VOCAB, n).tolist() for n in lens]
