@@ -20,8 +20,17 @@ a = ap.parse_args()
 rng = np.random.default_rng(1)
 eng = Engine(a.model, max_context=a.context)  # the bench's context: same kernels, so BEAM results are reused
 prompt = rng.integers(0, eng.cfg.vocab_size, a.prompt).tolist()
+# the host's copies into the run state at an offset (hostio: asynchronous on CUDA), read back through a tinygrad kernel
+probe = rng.integers(0, 1 << 30, 77).astype(np.int32)
+eng._copy_in(eng.state.prompt, 600, probe)
+back = eng.state.prompt[600:677].numpy()
+print("host copy at an offset, read back:", "PASS" if (back == probe).all() else f"FAIL ({int((back != probe).sum())} of 77 differ)")
 eng.prefill(0, prompt)
 fast_prefill = eng.state.logits[0].numpy()  # the compiled chunks' logits of the prompt's last row
+eng.reset()
+chunk_ends, chunk_logits = [], []  # again, each chunk's last row read after it (the host waits): where the paths part
+for done in eng.prefill_chunks(0, prompt):
+  chunk_ends.append(done); chunk_logits.append(eng.state.logits[0].numpy())
 eng.reset()
 fast_tokens = list(eng.generate(prompt, a.tokens, Sampling()))  # compiled prefill + decode steps
 fast_logits = []
@@ -43,6 +52,13 @@ with Context(BEAM=0):
   eng.reset()
   plain_tokens, logits = [], eng.forward(prompt, 0)
   perr = float(np.linalg.norm(fast_prefill - logits) / np.linalg.norm(logits))
+  print(f"  the same prefill, read after each chunk: last row's logits rel err {float(np.linalg.norm(chunk_logits[-1] - logits) / np.linalg.norm(logits)):.2e}")
+  for end, f in zip(chunk_ends[:-1], chunk_logits):  # the chunks before the last: the plain path's row end-1
+    eng.reset()
+    r = eng.forward(prompt[:end], 0)
+    print(f"  prefill chunk ending at {end}: last row's logits rel err {float(np.linalg.norm(f - r) / np.linalg.norm(r)):.2e}")
+  eng.reset()
+  logits = eng.forward(prompt, 0)
   for i in range(a.tokens):
     plain_tokens.append(int(np.argmax(logits)))
     logits = eng.forward([plain_tokens[-1]], len(prompt) + i)
