@@ -25,8 +25,9 @@ probe = rng.integers(0, 1 << 30, 77).astype(np.int32)
 eng._copy_in(eng.state.prompt, 600, probe)
 back = eng.state.prompt[600:677].numpy()
 print("host copy at an offset, read back:", "PASS" if (back == probe).all() else f"FAIL ({int((back != probe).sum())} of 77 differ)")
-eng.prefill(0, prompt)
+chosen = eng.prefill(0, prompt)
 fast_prefill = eng.state.logits[0].numpy()  # the compiled chunks' logits of the prompt's last row
+print("the device's greedy choice against numpy's argmax of its logits:", "PASS" if chosen == int(np.argmax(fast_prefill)) else f"FAIL ({chosen} against {int(np.argmax(fast_prefill))})")
 eng.reset()
 chunk_ends, chunk_logits = [], []  # again, each chunk's last row read after it (the host waits): where the paths part
 for done in eng.prefill_chunks(0, prompt):
