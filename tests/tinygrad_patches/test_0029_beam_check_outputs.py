@@ -1,0 +1,64 @@
+"""0029-beam-check-outputs: with BEAM_CHECK=1 a search's result is run beside the hand-coded opts' program on the same
+random inputs and dropped where the outputs disagree; a result from the database is checked the same way and searched
+again. BEAM never compared a candidate's output with anything: a searched kernel once computed a wrong product, and the
+1B's compiled prefill failed its check on a fresh database (docs/PERF.md, seventeenth and twenty-second sessions).
+
+A wrong candidate is made here: every candidate the search compiles (not the hand-coded opts) gets the program of the
+kernel with its output doubled, and a fake `_time_program` makes those the fastest. The real matmul is compiled and run
+(DEV=CPU, PARALLEL=0) and checked against numpy in float64 either way (the final kernel is compiled from the real AST).
+Stock and 0001-0028 keep a doubled candidate (the tests fail); with 0029 every one is dropped and the hand-coded opts
+are the result."""
+import json, os, subprocess, sys, textwrap
+
+SCRIPT = textwrap.dedent("""
+  import sys
+  import numpy as np
+  from tinygrad import Tensor
+  from tinygrad.uop.ops import Ops
+  from tinygrad.codegen.opt import search
+  bad = set()
+  real_compile = search._try_compile
+  def wrong_compile(x):  # the candidate's opts on the kernel with its stored values doubled
+    i, s = x
+    w = s.copy()  # its AST carries the opts applied so far
+    w.ast = w.ast.substitute({u: u.replace(src=(u.src[0], u.src[1] * 2) + u.src[2:]) for u in w.ast.toposort() if u.op is Ops.STORE})
+    i, ret = real_compile((i, w))
+    if ret is not None: bad.add(ret[0].src[3].arg)
+    return i, ret
+  search._try_compile = wrong_compile
+  def fake_time(prg, var_vals, rawbufs, early_stop=None, allow_test_size=True, cnt=3, **kw):
+    return [(1e-6 if prg.src[3].arg in bad else 10e-6)] * cnt
+  search._time_program = fake_time
+  rng = np.random.default_rng(int(sys.argv[1]))
+  a, b = rng.standard_normal((32, 64), dtype=np.float32), rng.standard_normal((64, 48), dtype=np.float32)
+  out = (Tensor(a).realize() @ Tensor(b).realize()).numpy()
+  np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+""")
+
+def run(tmp_path, tag: str, check: bool) -> tuple[list[dict], str]:
+  (tmp_path / "wrong.py").write_text(SCRIPT)
+  led = tmp_path / f"ledger-{tag}.jsonl"
+  env = {**os.environ, "DEV": "CPU", "BEAM": "1", "PARALLEL": "0", "CACHEDB": str(tmp_path / "cache.db"), "BEAM_LEDGER": str(led),
+         "BEAM_FROM_HEURISTIC": "1", "BEAM_MAX_ROUNDS": "1", "BEAM_CHECK": "1" if check else "0"}
+  for k in ("IGNORE_BEAM_CACHE", "BEAM_MIN_US", "BEAM_SEEDS"): env.pop(k, None)
+  r = subprocess.run([sys.executable, str(tmp_path / "wrong.py"), str(int.from_bytes(os.urandom(4), "little"))], env=env,
+                     capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  lines = [e for l in (led.read_text().splitlines() if led.exists() else []) if (e:=json.loads(l))["name"].startswith("r_")]
+  return lines, r.stdout
+
+def test_a_candidate_that_computes_something_else_is_dropped(tmp_path):
+  (line,), out = run(tmp_path, "a", check=True)
+  assert line["rounds"] > 0 and line["rejected"] >= 1 and line["kept_heuristic"], line
+  assert "BEAM_CHECK" in out and "dropped" in out, out[-2000:]
+
+def test_without_the_check_the_wrong_candidate_is_kept(tmp_path):
+  """What the check guards against (the fake works): unchecked, the fastest candidate is a doubling one."""
+  (line,), _ = run(tmp_path, "a", check=False)
+  assert line["rounds"] > 0 and not line["kept_heuristic"], line
+
+def test_a_wrong_result_in_the_database_is_searched_again(tmp_path):
+  (unchecked,), _ = run(tmp_path, "a", check=False)  # the database now holds a doubling candidate's opts
+  assert not unchecked["kept_heuristic"], unchecked
+  (line,), out = run(tmp_path, "b", check=True)
+  assert "searching again" in out and line["rejected"] >= 1 and line["kept_heuristic"], (line, out[-2000:])
