@@ -289,8 +289,8 @@ class Block:
     return acc[..., :D] / acc[..., D:D + 1]
 
   def attend_chunk(self, q: Tensor, kv: Tensor, nb, pos: Tensor, qpos: Tensor, scale: float) -> Tensor:
-    """A prefill chunk (of one sequence, or of several sequences' prompts side by side): the scores and the product with V as float16 products with float32 sums
-    (the product with V runs on tensor cores), the scores and probabilities each written once: fused as in
+    """A prefill chunk (of one sequence, or of several sequences' prompts side by side): the scores and the product
+    with V as float16 products with float32 sums (the product with V runs on tensor cores), the scores and probabilities each written once: fused as in
     attend_rows, every output column recomputed each exp (H200, a chunk of 512: 3.4 ms a layer, docs/PERF.md).
     They take 6 bytes per head, row and key, sized by the JIT for the longest context: 453 MB for a 1B's chunk of
     512 at context 4096."""

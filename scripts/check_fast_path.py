@@ -50,16 +50,14 @@ eng.reset()
 with Context(BEAM=0):
   eng.forward(prompt[:30], 0)
   errs = [float(np.linalg.norm(f - (r := eng.forward([prompt[p]], p))) / np.linalg.norm(r)) for p, f in zip(range(30, 30 + a.positions), fast_logits)]
-  eng.reset()
-  plain_tokens, logits = [], eng.forward(prompt, 0)
-  perr = float(np.linalg.norm(fast_prefill - logits) / np.linalg.norm(logits))
-  print(f"  the same prefill, read after each chunk: last row's logits rel err {float(np.linalg.norm(chunk_logits[-1] - logits) / np.linalg.norm(logits)):.2e}")
   for end, f in zip(chunk_ends[:-1], chunk_logits):  # the chunks before the last: the plain path's row end-1
     eng.reset()
     r = eng.forward(prompt[:end], 0)
     print(f"  prefill chunk ending at {end}: last row's logits rel err {float(np.linalg.norm(f - r) / np.linalg.norm(r)):.2e}")
   eng.reset()
-  logits = eng.forward(prompt, 0)
+  plain_tokens, logits = [], eng.forward(prompt, 0)
+  perr = float(np.linalg.norm(fast_prefill - logits) / np.linalg.norm(logits))
+  print(f"  the same prefill, read after each chunk: last row's logits rel err {float(np.linalg.norm(chunk_logits[-1] - logits) / np.linalg.norm(logits)):.2e}")
   for i in range(a.tokens):
     plain_tokens.append(int(np.argmax(logits)))
     logits = eng.forward([plain_tokens[-1]], len(prompt) + i)
