@@ -90,6 +90,8 @@ SEARCH_DEFAULTS = {
   "BEAM_SEEDS": "16",           # up to 16 opts that earlier searches chose (this process's newest first, then the database's) timed first, beside the heuristic (0014)
   "BEAM_SEED_ROUNDS": "1",      # a search that starts from such a seed runs one round more, not until no round helps
   "BEAM_MIN_GAIN": "0.03",      # a round that gains under 3% ends the search (0015): on a 1B prefill chunk's ledger, 27% less search for <= 4.5% on one kernel
+  "BEAM_CHECK": "1",            # a result is run beside the hand-coded opts on random inputs and dropped if it computes something else (0029), once
+                                #   per result (marked in the database): a searched tensor-core product broke the 1B's prefill on an H200 (PERF.md, 23rd session)
 }
 
 def search_defaults() -> dict[str, str]:

@@ -1,6 +1,6 @@
 """0029-beam-check-outputs: with BEAM_CHECK=1 a search's result is run beside the hand-coded opts' program on the same
 random inputs and dropped where the outputs disagree; a result from the database is checked the same way and searched
-again. BEAM never compared a candidate's output with anything: a searched kernel once computed a wrong product, and the
+again. A result that passed is marked in the database and not checked again at the next start. BEAM never compared a candidate's output with anything: a searched kernel once computed a wrong product, and the
 1B's compiled prefill failed its check on a fresh database (docs/PERF.md, seventeenth and twenty-second sessions).
 
 A wrong candidate is made here: every candidate the search compiles (not the hand-coded opts) gets the program of the
@@ -18,10 +18,10 @@ SCRIPT = textwrap.dedent("""
   from tinygrad.codegen.opt import search
   bad = set()
   real_compile = search._try_compile
-  def wrong_compile(x):  # the candidate's opts on the kernel with its stored values doubled
+  def wrong_compile(x):  # the candidate's opts on the kernel with its stored values doubled (argv[2] == "1"), else as is
     i, s = x
     w = s.copy()  # its AST carries the opts applied so far
-    w.ast = w.ast.substitute({u: u.replace(src=(u.src[0], u.src[1] * 2) + u.src[2:]) for u in w.ast.toposort() if u.op is Ops.STORE})
+    if sys.argv[2] == "1": w.ast = w.ast.substitute({u: u.replace(src=(u.src[0], u.src[1] * 2) + u.src[2:]) for u in w.ast.toposort() if u.op is Ops.STORE})
     i, ret = real_compile((i, w))
     if ret is not None: bad.add(ret[0].src[3].arg)
     return i, ret
@@ -29,19 +29,27 @@ SCRIPT = textwrap.dedent("""
   def fake_time(prg, var_vals, rawbufs, early_stop=None, allow_test_size=True, cnt=3, **kw):
     return [(1e-6 if prg.src[3].arg in bad else 10e-6)] * cnt
   search._time_program = fake_time
+  runs = [0]
+  if hasattr(search, "_check_run"):  # the check's program runs, counted (0029)
+    real_run = search._check_run
+    def counted_run(*a, **kw):
+      runs[0] += 1
+      return real_run(*a, **kw)
+    search._check_run = counted_run
   rng = np.random.default_rng(int(sys.argv[1]))
   a, b = rng.standard_normal((32, 64), dtype=np.float32), rng.standard_normal((64, 48), dtype=np.float32)
   out = (Tensor(a).realize() @ Tensor(b).realize()).numpy()
   np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+  print(f"check runs: {runs[0]}")
 """)
 
-def run(tmp_path, tag: str, check: bool) -> tuple[list[dict], str]:
+def run(tmp_path, tag: str, check: bool, wrong: bool = True) -> tuple[list[dict], str]:
   (tmp_path / "wrong.py").write_text(SCRIPT)
   led = tmp_path / f"ledger-{tag}.jsonl"
   env = {**os.environ, "DEV": "CPU", "BEAM": "1", "PARALLEL": "0", "CACHEDB": str(tmp_path / "cache.db"), "BEAM_LEDGER": str(led),
          "BEAM_FROM_HEURISTIC": "1", "BEAM_MAX_ROUNDS": "1", "BEAM_CHECK": "1" if check else "0"}
   for k in ("IGNORE_BEAM_CACHE", "BEAM_MIN_US", "BEAM_SEEDS"): env.pop(k, None)
-  r = subprocess.run([sys.executable, str(tmp_path / "wrong.py"), str(int.from_bytes(os.urandom(4), "little"))], env=env,
+  r = subprocess.run([sys.executable, str(tmp_path / "wrong.py"), str(int.from_bytes(os.urandom(4), "little")), "1" if wrong else "0"], env=env,
                      capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   lines = [e for l in (led.read_text().splitlines() if led.exists() else []) if (e:=json.loads(l))["name"].startswith("r_")]
@@ -62,3 +70,11 @@ def test_a_wrong_result_in_the_database_is_searched_again(tmp_path):
   assert not unchecked["kept_heuristic"], unchecked
   (line,), out = run(tmp_path, "b", check=True)
   assert "searching again" in out and line["rejected"] >= 1 and line["kept_heuristic"], (line, out[-2000:])
+
+def test_a_checked_result_is_not_checked_again(tmp_path):
+  """A start on a database the check has seen runs no check: checking every result again took 80 s of a 1B's start.
+  Here the candidates compute the product (not doubled): the fastest is checked, agrees and is kept."""
+  (line,), out = run(tmp_path, "a", check=True, wrong=False)
+  assert line["rejected"] == 0 and not line["kept_heuristic"] and "check runs: 0" not in out, (line, out[-2000:])
+  lines, out = run(tmp_path, "b", check=True, wrong=False)  # the same kernel: the database's result, marked checked
+  assert lines == [] and "check runs: 0" in out and "BEAM_CHECK" not in out, (lines, out[-2000:])
