@@ -30,7 +30,8 @@ from orin_llm.model import Transformer, Rows, fused_groups, key_block, ROW_BLOCK
 from orin_llm.step_cache import steps_reach
 from orin_llm.sampling import Sampling, greedy, masked, sample
 from orin_llm.hostio import host_io
-from orin_llm import log
+from orin_llm import log, quant
+from orin_llm.quant import QuantWeight
 
 DEFAULT_CONTEXT = 4096
 # prompt tokens per prefill step. On a GPU, chunks run the weights as float16 matrix products on tensor cores
@@ -99,6 +100,14 @@ class Engine:
     self.kernel_db = kernel_db.db if kernel_db is not None else None
     self.weights = load_weights(self.file, self.cfg, self.device, cache_dir=self.kernel_db.parent if self.kernel_db else None,
                                 fuse=fused_groups(self.cfg, {n: t.qtype for n, t in self.file.tensors.items()}))
+    # an experiment (quant.PREFILL_F16, off): the layers' matrices kept in float16 too, for the chunks' products
+    self.dense_bytes = 0
+    if quant.PREFILL_F16 and quant.as_matrix(self.chunk):
+      for name, w in self.weights.items():
+        if name.startswith("blk.") and isinstance(w, QuantWeight):
+          w.keep_dense()
+          self.dense_bytes += w.dense.nbytes()
+      log.info(f"ORIN_LLM_PREFILL_F16=1: the layers' matrices kept in float16 too, {self.dense_bytes / 2**20:.0f} MiB")
     # a prefill chunk always runs `chunk` rows (a constant shape: matrix products on tensor cores, no symbolic
     # length); the last one of a prompt is padded, so the cache, tables and prompt reach a chunk further
     self.group_rows = group_rows(tc, max_batch)

@@ -210,6 +210,19 @@ def split_parts(rows: int, cols: int) -> int:
   if not SPLIT_LEN or cols % part or cols <= part: return 1
   return cols // part
 
+# ORIN_LLM_PREFILL_F16=1 (an experiment's knob, off; part of the steps file's key): every layer's matrix is kept on the
+# device as float16 too, beside its planes, and a prefill chunk multiplies that copy rather than dequantizing each matrix
+# into the scratch first. A chunk then reads 2 bytes a weight, where it wrote 2 and read 2 more after reading the planes:
+# ~1.1 ms of a 1B chunk's dequantizations on an H200 (each kernel timed alone, ffn_gate+up's 33 us a layer, eighteenth
+# session), the most of a 32-row chunk's weight traffic, and on the Orin's 204.8 GB/s ~14 ms a chunk. Costs 2 bytes a
+# weight of device memory (1B: 1.9 GB; 8B: 14 GB): to be measured (pp32, pp512, time to first token) before it is offered
+def prefill_f16(env=os.environ) -> bool:
+  """ORIN_LLM_PREFILL_F16: 0 (default) or 1."""
+  raw = env.get("ORIN_LLM_PREFILL_F16", "0").strip()
+  if raw not in ("0", "1"): raise OrinError(f"ORIN_LLM_PREFILL_F16={raw!r}: 0 or 1 is needed (default 0)")
+  return raw == "1"
+PREFILL_F16 = prefill_f16()
+
 def as_matrix(rows) -> bool:
   """Whether an input of this many rows (constant) is a prefill chunk, whose products run as float16 matrices."""
   return isinstance(rows, int) and rows >= MATMUL_ROWS
@@ -222,12 +235,16 @@ class QuantWeight:
   cols: int
   planes: dict[str, Tensor]
   splits: tuple[int, ...] = ()  # a fused weight (loader.load_weights): the row counts of the matrices it stacks
+  dense: Tensor | None = None  # the matrix in float16, kept beside the planes for prefill chunks (PREFILL_F16), else None
 
   @staticmethod
   def from_raw(raw: np.ndarray, qtype: QT, rows: int, cols: int, device: str) -> "QuantWeight":
     return QuantWeight(qtype, rows, cols, {k: Tensor(v, device=device) for k, v in repack(raw, qtype, rows, cols).items()})
 
-  def nbytes(self) -> int: return sum(p.nbytes() for p in self.planes.values())
+  def nbytes(self) -> int: return sum(p.nbytes() for p in self.planes.values())  # the planes: what a decode step reads
+  def keep_dense(self):
+    """Keeps the matrix in float16 on the device for prefill chunks (PREFILL_F16)."""
+    self.dense = self.weights().cast(dtypes.float16).contiguous().realize()
   def weights(self) -> Tensor: return dequantize(self.planes, self.qtype)
   def rows_of(self, idx: Tensor) -> Tensor:
     """Dequantized rows idx (an int tensor of any shape) -> (*idx.shape, cols): the embedding lookup."""
@@ -239,11 +256,14 @@ class QuantWeight:
     cores. The planes are read after the input is computed (AFTER: an ordering edge, no kernel), so each copy
     is made just before its product and the JIT's memory planner reuses one scratch for every matrix; unordered,
     every dequantization depends on weights alone, the scheduler ran them all up front and the prefill step
-    held the whole model in float16 (1B: 1.9 GB)."""
+    held the whole model in float16 (1B: 1.9 GB). With a float16 copy kept (dense, PREFILL_F16) that copy is the
+    matrix: no dequantization in the step."""
     if as_matrix(x.shape[0]):
       x16 = x.cast(dtypes.float16).contiguous()
-      planes = {k: Tensor(p.uop.after(x16.uop)) for k, p in self.planes.items()}
-      w = dequantize(planes, self.qtype).cast(dtypes.float16).contiguous()
+      if self.dense is not None: w = self.dense
+      else:
+        planes = {k: Tensor(p.uop.after(x16.uop)) for k, p in self.planes.items()}
+        w = dequantize(planes, self.qtype).cast(dtypes.float16).contiguous()
       if (S:=split_parts(x.shape[0], self.cols)) == 1: return x16.matmul(w.T, dtype=dtypes.float32)
       # (S, T, L) @ (S, L, N): the parts written out (contiguous), else tinygrad merges both sums back into one
       L = self.cols // S

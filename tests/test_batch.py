@@ -177,3 +177,23 @@ def test_interleaved_prompts_each_run_their_own_tokens(eng, rng):
       if next(it, None) == len(prompts[b]): got[b], its[b] = eng.state.logits[0].numpy(), None
     if all(it is None for it in its): break
   for b in range(2): assert rel_err(got[b], alone[b]) < 1e-4, b
+
+def test_prefill_from_float16_copies_equals_dequantizing_in_the_step(tmp_path, rng, monkeypatch):
+  """ORIN_LLM_PREFILL_F16 (quant.PREFILL_F16, an experiment): the layers' matrices kept in float16 beside their planes
+  and multiplied as they are by the matrix-form chunks give the logits the chunks give dequantizing each matrix in the
+  step (the same float16 values), with fewer kernels a chunk; decode still reads the planes."""
+  seed = int(rng.integers(1 << 31))
+  path = write_model(tmp_path / "m.gguf", preset("tiny-llama"), QT.Q4_K, LLAMA_VOCAB, seed=seed, vocab_size=VOCAB)
+  monkeypatch.setattr(quant, "MATMUL_ROWS", 4)
+  prompt = rng.integers(0, VOCAB, 21).tolist()
+  out = {}
+  for dense in (False, True):
+    monkeypatch.setattr(quant, "PREFILL_F16", dense)
+    eng = Engine(path, max_context=64, chunk=8)
+    assert (eng.dense_bytes > 0) == dense
+    first = eng.prefill(0, prompt)
+    out[dense] = (first, eng.state.logits[0].numpy(), eng.decode([0], 4)[:, 0].tolist(), len(eng.steps.chunk(8).captured.linear.src))
+  (f0, l0, d0, k0), (f1, l1, d1, k1) = out[False], out[True]
+  np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-5 * np.abs(l0).max())
+  assert np.linalg.norm(l0) > 0 and f1 == f0 and d1 == d0
+  assert k1 < k0, (k1, k0)  # no dequantization kernels in the chunk
