@@ -13,7 +13,7 @@ from tinygrad import Tensor
 from orin_llm.config import ModelConfig, config_from_gguf
 from orin_llm.gguf_file import GGUFFile
 from orin_llm.quant import QuantWeight, repack
-from orin_llm import hostmem, log
+from orin_llm import hostmem, log, quant
 from orin_llm.fileutil import AtomicFile, atomic_write
 
 UPLOAD_BATCH = 256 << 20
@@ -29,6 +29,7 @@ class PlanesCache:
     # the fusion decides which names the index holds (a stacked group or its members)
     fused = hashlib.sha256(json.dumps(sorted((fuse or {}).items())).encode()).hexdigest()[:16]
     self.ident = {"format": FORMAT, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "header": header, "fuse": fused}
+    if quant.PLANE_LANES: self.ident["lanes"] = quant.PLANE_LANES  # the words' order in the planes (quant.PLANE_LANES)
     key = hashlib.sha256(json.dumps(self.ident, sort_keys=True).encode()).hexdigest()[:16]
     self.dir = pathlib.Path(directory)
     self.bin, self.index = self.dir / f"planes-{key}.bin", self.dir / f"planes-{key}.json"
