@@ -13,9 +13,14 @@ from orin_llm.sampling import Sampling
 ap = argparse.ArgumentParser(); ap.add_argument("model"); ap.add_argument("--context", type=int, default=4352)
 ap.add_argument("--max-batch", type=int, default=4); ap.add_argument("--tokens", type=int, default=16)
 ap.add_argument("--prompt", type=int, default=16, help="the shortest prompt's tokens (the load bench's: 16)")
+ap.add_argument("--seed", type=int, default=None, help="the prompts' random seed (default: fresh, printed)")
 a = ap.parse_args()
-rng = np.random.default_rng()
+seed = a.seed if a.seed is not None else int(np.random.SeedSequence().entropy % (1 << 31))
+print(f"seed {seed}")
+rng = np.random.default_rng(seed)
 eng = Engine(a.model, max_context=a.context, max_batch=a.max_batch)
+from orin_llm.engine import HIST
+assert 1 <= a.tokens <= HIST, f"--tokens: 1 to {HIST} (one decode round)"
 G, V = eng.group_rows, eng.cfg.vocab_size
 # short prompts take the group step; one longer than a group takes it twice (a joiner's second group)
 lens = [a.prompt + int(rng.integers(0, 4)) for _ in range(a.max_batch - 1)] + [G + a.prompt]

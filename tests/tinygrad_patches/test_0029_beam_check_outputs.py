@@ -17,15 +17,26 @@ SCRIPT = textwrap.dedent("""
   from tinygrad.uop.ops import Ops
   from tinygrad.codegen.opt import search
   bad = set()
-  real_compile = search._try_compile
-  def wrong_compile(x):  # the candidate's opts on the kernel with its stored values doubled (argv[2] == "1"), else as is
-    i, s = x
+  def doubled(s):  # the scheduler's opts on the kernel with its stored values doubled (argv[2] == "1"), else as is
     w = s.copy()  # its AST carries the opts applied so far
     if sys.argv[2] == "1": w.ast = w.ast.substitute({u: u.replace(src=(u.src[0], u.src[1] * 2) + u.src[2:]) for u in w.ast.toposort() if u.op is Ops.STORE})
-    i, ret = real_compile((i, w))
+    return w
+  real_compile = search._try_compile
+  def wrong_compile(x):  # every candidate the search compiles
+    i, ret = real_compile((x[0], doubled(x[1])))
     if ret is not None: bad.add(ret[0].src[3].arg)
     return i, ret
   search._try_compile = wrong_compile
+  if hasattr(search, "_program"):  # the check's own compiles (0029): wrong unless the opts are the hand-coded ones
+    from tinygrad.device import Device
+    from tinygrad.codegen.opt.postrange import Scheduler
+    from tinygrad.codegen.opt.heuristic import hand_coded_optimizations
+    [ast] = [c.src[0] for c in (Tensor.empty(32, 64) @ Tensor.empty(64, 48)).linear_with_vars()[0].src if c.op is Ops.CALL and c.src[0].op is Ops.SINK]
+    k = Scheduler(ast, Device["CPU"].renderer)
+    k.convert_loop_to_global()
+    hand = tuple(hand_coded_optimizations(k).applied_opts)
+    real_program = search._program
+    search._program = lambda h: real_program(h if tuple(h.applied_opts) == hand else doubled(h))
   def fake_time(prg, var_vals, rawbufs, early_stop=None, allow_test_size=True, cnt=3, **kw):
     return [(1e-6 if prg.src[3].arg in bad else 10e-6)] * cnt
   search._time_program = fake_time
@@ -78,3 +89,20 @@ def test_a_checked_result_is_not_checked_again(tmp_path):
   assert line["rejected"] == 0 and not line["kept_heuristic"] and "check runs: 0" not in out, (line, out[-2000:])
   lines, out = run(tmp_path, "b", check=True, wrong=False)  # the same kernel: the database's result, marked checked
   assert lines == [] and "check runs: 0" in out and "BEAM_CHECK" not in out, (lines, out[-2000:])
+
+def test_check_inputs_fill_each_buffer_to_its_size():
+  """The check's inputs take each buffer's own byte size: bfloat16 and fp8, which tinygrad maps to numpy's float32,
+  took 2 and 4 times theirs, and the copy into the device buffer ran past its end. Only stored-to buffers compare."""
+  import numpy as np
+  from tinygrad import Tensor, dtypes
+  from tinygrad.device import Buffer
+  from tinygrad.uop.ops import Ops
+  from tinygrad.codegen.opt.postrange import args_from_ast
+  from tinygrad.codegen.opt import search
+  bufs = [Buffer("CPU", 10, dt) for dt in (dtypes.bfloat16, dtypes.fp8e4m3, dtypes.float16, dtypes.float32, dtypes.int32, dtypes.bool)]
+  for b, x in zip(bufs, search._check_inputs(bufs, int.from_bytes(os.urandom(4), "little"))):
+    assert x.nbytes == b.nbytes, (b.dtype, x.nbytes, b.nbytes)
+  assert np.unique(search._check_inputs(bufs, 1)[2]).size > 1  # float16: random, not zeros
+  [ast] = [c.src[0] for c in (Tensor.empty(8, 16) @ Tensor.empty(16, 4)).linear_with_vars()[0].src if c.op is Ops.CALL and c.src[0].op is Ops.SINK]
+  rawbufs, _ = args_from_ast(ast, "CPU")
+  assert search._check_outputs(ast, len(rawbufs)) == [0] and rawbufs[0].size == 32
