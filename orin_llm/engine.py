@@ -47,11 +47,19 @@ HIST = 16  # rows of the token history: the most decode steps queued at once (an
 VERIFY_SIZES = (4, 8)  # rows of the compiled verify steps (speculative decoding): a verify runs in the smallest that holds it
 BATCH_SIZES = (2, 4, 8)  # decode steps compiled for several sequences: a batch runs in the smallest that holds it
 
-def group_rows(tensor_cores: bool, slots: int) -> int:
+def group_rows(tensor_cores: bool, slots: int, env=os.environ) -> int:
   """Prompt tokens per sequence of the step that prefills every slot's prompt at once (Steps.group): a small chunk
   each where tensor cores take the products of all the rows; else so few that the rows stay under
-  quant.MATMUL_ROWS, whose products dequantize inside the reduction as decode's do (tinygrad's CPU backend)."""
-  return SMALL_CHUNK if tensor_cores else max(1, NO_TC_CHUNK // slots)
+  quant.MATMUL_ROWS, whose products dequantize inside the reduction as decode's do (tinygrad's CPU backend).
+  ORIN_LLM_GROUP_ROWS=n (an experiment's knob; part of the steps file's key), with tensor cores: n in place of
+  SMALL_CHUNK, e.g. 16 for clients' short prompts (the load bench's 16 tokens ran padded to 32 rows each: 4 prompts'
+  step 5.3 ms against 3.1 for one, H200, docs/PERF.md twenty-second session); the rows take the matrix form together
+  (model.attends_as_matrix) from quant.MATMUL_ROWS rows in all."""
+  if not tensor_cores: return max(1, NO_TC_CHUNK // slots)
+  raw = env.get("ORIN_LLM_GROUP_ROWS", str(SMALL_CHUNK)).strip()
+  if not raw.isdigit() or not 2 <= int(raw) <= SMALL_CHUNK_MAX:
+    raise OrinError(f"ORIN_LLM_GROUP_ROWS={raw!r}: a whole number of rows from 2 to {SMALL_CHUNK_MAX} is needed (default {SMALL_CHUNK})")
+  return int(raw)
 
 @dataclass
 class Slot:
@@ -135,7 +143,7 @@ class Engine:
     self.v_rows = [UOp.variable(f"pos{b}", 0, self.reach) for b in range(max(self.batch_sizes, default=0))]
     self.v_lens = [UOp.variable(f"len{b}", 1, self.group_rows) for b in range(max_batch)]
     self.v_blocks = UOp.variable("blocks", 1, self.model.capacity // ROW_BLOCK)
-    self.v_group_blocks = UOp.variable("group_blocks", 1, self.model.capacity // key_block(self.group_rows))  # Steps.group's
+    self.v_group_blocks = UOp.variable("group_blocks", 1, self.model.capacity // key_block(self.group_rows, max_batch))  # Steps.group's
     self.steps = Steps(self)
     # the steps a start with this cache captured before (step_cache.py): nothing to schedule or capture
     from orin_llm import step_cache
@@ -285,7 +293,7 @@ class Engine:
       else: pos.append(min(len(s.cached), self.max_context)); lens.append(1)
     self._ahead = None  # the step writes the logits a step queued ahead left, and next_tok of every slot
     self._copy_in(self.state.group, 0, toks.reshape(-1))
-    size = key_block(G)
+    size = key_block(G, B)
     self.steps.group(B, G)(*[v.bind(p) for v, p in zip(self.v_rows, pos)], *[v.bind(n) for v, n in zip(self.v_lens, lens)],
                            self.v_group_blocks.bind((max(pos) + G + size - 1) // size))
     if done:  # each row chooses at the position after its last token, as prefill_chunks' choice does

@@ -108,17 +108,23 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
   y0, y1 = x0 * cos - x1 * sin, x0 * sin + x1 * cos
   return y0.unsqueeze(-1).cat(y1.unsqueeze(-1), dim=-1).reshape(N, H, D)
 
-def key_block(T: int) -> int:
-  """Keys per block of the attention form that T query rows per sequence take: a prefill chunk's matrix form
-  (attend_chunk) from quant.MATMUL_ROWS rows, else the rows' split (attend_rows)."""
-  return KV_BLOCK if quant.as_matrix(T) else ROW_BLOCK
+def attends_as_matrix(T: int, B: int = 1) -> bool:
+  """Whether T query rows per sequence of B sequences take a prefill chunk's matrix form (attend_chunk): from
+  quant.MATMUL_ROWS rows of one sequence, or of several sequences' prompts side by side (T > 1: decode and batches
+  of decode rows keep the rows' split, attend_rows, however many sequences)."""
+  return quant.as_matrix(T) or (isinstance(T, int) and T > 1 and quant.as_matrix(B * T))
+
+def key_block(T: int, B: int = 1) -> int:
+  """Keys per block of the attention form that T query rows per sequence of B sequences take: the matrix form's
+  (attends_as_matrix), else the rows' split's."""
+  return KV_BLOCK if attends_as_matrix(T, B) else ROW_BLOCK
 
 @dataclass(frozen=True)
 class Rows:
   """The tokens of one forward pass. starts[b]: the first position of sequence b (an int or a bound variable).
   T tokens per sequence. slot: a lone sequence's KV-cache slot (int or bound variable); B > 1 sequences are in
   slots 0..B-1. nb: key blocks every row attends over (None: those the one sequence needs); with several sequences
-  it is a variable bound to what the longest needs, in blocks of key_block(T)."""
+  it is a variable bound to what the longest needs, in blocks of key_block(T, B)."""
   starts: tuple
   T: int = 1
   slot: int | UOp = 0
@@ -126,8 +132,8 @@ class Rows:
   @property
   def B(self) -> int: return len(self.starts)
   def blocks(self, size: int):
-    """Blocks of `size` keys that hold every key the rows attend to (nb, where given, counts blocks of key_block(T))."""
-    if self.nb is not None: assert size == key_block(self.T); return self.nb
+    """Blocks of `size` keys that hold every key the rows attend to (nb, where given, counts blocks of key_block(T, B))."""
+    if self.nb is not None: assert size == key_block(self.T, self.B); return self.nb
     return (self.starts[0] + self.T + size - 1) // size
   def gather(self, table: Tensor) -> Tensor:
     """table[start_b + t] for every row, (B*T, ...): a slice per sequence at its symbolic start."""
@@ -234,8 +240,8 @@ class Block:
     # verify rows: the split over the keys. Each query carries its own sequence and position. Several prompts of 32
     # rows in the rows' form took 150 us a layer at position 100, their scores 327 us a layer at the prewarm's context
     # (1B, H200, docs/PERF.md twenty-second session)
-    matrix = quant.as_matrix(T)
-    size = key_block(T)
+    matrix = attends_as_matrix(T, B)
+    size = key_block(T, B)
     nb = rows.blocks(size)
     # (nb, size, B, 2, kv_heads, head_dim): the whole cache in blocks, then the first nb blocks. Sliced first
     # (nb * size rows) and split into blocks after, every load's index took a modulo by the symbolic length

@@ -38,7 +38,7 @@ elif a.group:  # the group step's model (engine.Steps.group), its variables boun
   st, B, G = eng.state, eng.max_batch, eng.group_rows
   assert B > 1, "--group needs --max-batch 2 or more"
   def step():
-    size = key_block(G)
+    size = key_block(G, B)
     rows = Rows(tuple(v.bind(a.pos) for v in eng.v_rows[:B]), G, 0, eng.v_group_blocks.bind((a.pos + G + size - 1) // size))
     return st.logits[0:B].assign(eng.model(st.group.reshape(-1), rows, n=tuple(v.bind(G) for v in eng.v_lens[:B]))).realize()
 elif a.batch == 1: step = lambda: eng.profile_step().realize()  # the same kernels as the compiled step

@@ -133,6 +133,24 @@ def test_prompts_prefilled_together_in_the_matrix_form_equal_alone(eng_matrix, r
   assert key_block(eng_matrix.group_rows) == KV_BLOCK
   check_prefilled_together(eng_matrix, rng, sampled=False)
 
+@pytest.fixture(scope="module")
+def eng_matrix_together(tmp_path_factory):
+  """An engine whose prompt steps of 4 rows a sequence are under quant.MATMUL_ROWS (8) alone, and take the matrix form
+  together (16 rows): a GPU's group of 16 rows a sequence (ORIN_LLM_GROUP_ROWS=16) against MATMUL_ROWS 32."""
+  seed = int(np.random.SeedSequence().entropy % (1 << 31))
+  print(f"tiny-llama: synth seed {seed}")
+  path = write_model(tmp_path_factory.mktemp("m") / "m.gguf", preset("tiny-llama"), QT.Q4_K, LLAMA_VOCAB, seed=seed, vocab_size=VOCAB)
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(quant, "MATMUL_ROWS", 8)
+    yield Engine(path, max_context=300, chunk=8, max_batch=4)
+
+def test_prompts_under_the_matrix_rows_prefilled_together_in_the_matrix_form(eng_matrix_together, rng):
+  """As above, where each sequence's rows (4) are fewer than quant.MATMUL_ROWS (8) and the 4 sequences' together
+  (16) are not: the step takes the matrix form (model.attends_as_matrix), as a GPU's group of 16 rows a sequence."""
+  eng = eng_matrix_together
+  assert eng.group_rows < quant.MATMUL_ROWS <= eng.group_rows * eng.max_batch and key_block(eng.group_rows, eng.max_batch) == KV_BLOCK
+  check_prefilled_together(eng, rng, sampled=False)
+
 def check_prefilled_together(eng, rng, sampled: bool):
   G = eng.group_rows
   lens = [G + 3 + int(rng.integers(0, G)), int(rng.integers(1, G + 1)), 2 * G + 1]
@@ -197,3 +215,13 @@ def test_prefill_from_float16_copies_equals_dequantizing_in_the_step(tmp_path, r
   np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-5 * np.abs(l0).max())
   assert np.linalg.norm(l0) > 0 and f1 == f0 and d1 == d0
   assert k1 < k0, (k1, k0)  # no dequantization kernels in the chunk
+
+def test_group_rows_knob():
+  """ORIN_LLM_GROUP_ROWS (an experiment): the group step's rows per sequence with tensor cores; the CPU's stay
+  under quant.MATMUL_ROWS; a bad value is refused with the variable's name."""
+  from orin_llm.engine import group_rows, SMALL_CHUNK
+  from orin_llm.errors import OrinError
+  assert group_rows(True, 4, {}) == SMALL_CHUNK and group_rows(True, 4, {"ORIN_LLM_GROUP_ROWS": "16"}) == 16
+  assert group_rows(False, 4, {"ORIN_LLM_GROUP_ROWS": "16"}) * 4 <= quant.MATMUL_ROWS
+  for bad in ("1", "x", "4096"):
+    with pytest.raises(OrinError, match="ORIN_LLM_GROUP_ROWS"): group_rows(True, 4, {"ORIN_LLM_GROUP_ROWS": bad})
