@@ -108,15 +108,20 @@ def test_ahead_rounds_equal_plain(eng, rng, sampled):
   assert got == plain, (got, plain)
   assert n_plain == 0 and n_ahead == 2 + 2 + 1, n_ahead
 
-@pytest.fixture(scope="module")
-def eng_matrix(tmp_path_factory):
-  """An engine whose prompt steps of 4 rows a sequence take the matrix form, as a GPU's of 32 do (quant.MATMUL_ROWS)."""
+def engine_with_matmul_rows(tmp_path_factory, rows: int):
+  """An engine of 4 slots (prompt steps of 4 rows a sequence, chunks of 8) on a fresh tiny model, with
+  quant.MATMUL_ROWS = rows while the module's tests run (a GPU's is 32)."""
   seed = int(np.random.SeedSequence().entropy % (1 << 31))
   print(f"tiny-llama: synth seed {seed}")
   path = write_model(tmp_path_factory.mktemp("m") / "m.gguf", preset("tiny-llama"), QT.Q4_K, LLAMA_VOCAB, seed=seed, vocab_size=VOCAB)
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(quant, "MATMUL_ROWS", 4)
+    mp.setattr(quant, "MATMUL_ROWS", rows)
     yield Engine(path, max_context=300, chunk=8, max_batch=4)
+
+@pytest.fixture(scope="module")
+def eng_matrix(tmp_path_factory):
+  """An engine whose prompt steps of 4 rows a sequence take the matrix form, as a GPU's of 32 do (quant.MATMUL_ROWS)."""
+  yield from engine_with_matmul_rows(tmp_path_factory, 4)
 
 @pytest.mark.parametrize("sampled", [False, True])
 def test_prompts_prefilled_together_equal_alone(eng, rng, sampled):
@@ -137,12 +142,7 @@ def test_prompts_prefilled_together_in_the_matrix_form_equal_alone(eng_matrix, r
 def eng_matrix_together(tmp_path_factory):
   """An engine whose prompt steps of 4 rows a sequence are under quant.MATMUL_ROWS (8) alone, and take the matrix form
   together (16 rows): a GPU's group of 16 rows a sequence (ORIN_LLM_GROUP_ROWS=16) against MATMUL_ROWS 32."""
-  seed = int(np.random.SeedSequence().entropy % (1 << 31))
-  print(f"tiny-llama: synth seed {seed}")
-  path = write_model(tmp_path_factory.mktemp("m") / "m.gguf", preset("tiny-llama"), QT.Q4_K, LLAMA_VOCAB, seed=seed, vocab_size=VOCAB)
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(quant, "MATMUL_ROWS", 8)
-    yield Engine(path, max_context=300, chunk=8, max_batch=4)
+  yield from engine_with_matmul_rows(tmp_path_factory, 8)
 
 def test_prompts_under_the_matrix_rows_prefilled_together_in_the_matrix_form(eng_matrix_together, rng):
   """As above, where each sequence's rows (4) are fewer than quant.MATMUL_ROWS (8) and the 4 sequences' together
