@@ -60,3 +60,14 @@ def test_planes_dealt_out_to_lanes_give_the_same_weights(qt, rng, monkeypatch):
   x = rng.normal(size=(2, cols))
   y = w(Tensor(x.astype(np.float32))).numpy()
   assert np.linalg.norm(y - x @ want.T) / np.linalg.norm(x @ want.T) < 1e-5
+
+def test_experiment_knobs_take_only_their_values():
+  """ORIN_LLM_PREFILL_F16 and ORIN_LLM_PLANE_LANES (experiments): their values parsed, anything else refused with the
+  variable's name in a one-line error."""
+  from orin_llm.quant import prefill_f16, plane_lanes
+  from orin_llm.errors import OrinError
+  assert prefill_f16({}) is False and prefill_f16({"ORIN_LLM_PREFILL_F16": "1"}) is True
+  assert plane_lanes({}) == 0 and plane_lanes({"ORIN_LLM_PLANE_LANES": "32"}) == 32
+  for fn, name, bad in [(prefill_f16, "ORIN_LLM_PREFILL_F16", ("2", "yes", "")), (plane_lanes, "ORIN_LLM_PLANE_LANES", ("1", "24", "512", "-4", "x"))]:
+    for v in bad:
+      with pytest.raises(OrinError, match=name): fn({name: v})
