@@ -11,7 +11,8 @@ def load(cfg, reach: bool = False):
   from orin_llm import settings, kernel_cache
   device = settings.open_device()
   db = kernel_cache.prepare(cfg.model, cfg.kernel_cache_directory or True, device, cfg.kernel_cache_shipped)
-  eng = Engine(cfg.model, max_context=cfg.context_length, device=device, kernel_db=db, max_batch=cfg.max_batch, reach=reach)
+  eng = Engine(cfg.model, max_context=cfg.context_length, device=device, kernel_db=db, max_batch=cfg.max_batch, reach=reach,
+               prefill_copy_mb=cfg.prefill_copy_mb)
   eng.speculator = None  # a factory of speculative.Speculator, one for each request that generates alone
   if cfg.draft_model or cfg.speculative != "off":
     from orin_llm import speculative

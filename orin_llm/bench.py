@@ -22,6 +22,8 @@ def add_parser(sub):
   p.add_argument("--lookahead", type=int, default=None, help="decode steps queued before the host reads tokens (default: the engine's, as served)")
   p.add_argument("--context", type=int, default=None, help="context to allocate (default: what the longest prompt or depth needs)")
   p.add_argument("--max-batch", type=int, default=None, help="slots, as the server's (default 4): the kernels the server runs, slot and all")
+  p.add_argument("--prefill-copy-mb", type=int, default=None, help="MiB for float16 copies of the layers' matrices that "
+                 "prefill multiplies, as the server's prefill_copy_mb (default 8192; 0: none, each chunk dequantizes)")
   p.add_argument("--json-schema", metavar="FILE", help="also time decode constrained to this JSON schema against free decode, same "
                                                         "engine and prompt (e.g. scripts/bench-schema.json)")
   p.set_defaults(fn=cmd_bench)
@@ -204,12 +206,13 @@ def cmd_bench(args):
   # and its answers must fit beside it
   need = max(max(prompt_lens) + 1, max(max(depths), 16) + args.tokens + WARM, 2048 if args.json_schema else 0)
   from orin_llm.server.config import ServerConfig
-  eng = Engine(model, max_context=args.context or need + 64, device=device, max_batch=args.max_batch or ServerConfig.max_batch)
+  eng = Engine(model, max_context=args.context or need + 64, device=device, max_batch=args.max_batch or ServerConfig.max_batch,
+               prefill_copy_mb=ServerConfig.prefill_copy_mb if args.prefill_copy_mb is None else args.prefill_copy_mb)
   ctx = eng.max_context
   prompt_lens = fit(prompt_lens, ctx - 1, ctx, args.prompt is not None, "prefill lengths", "--prompt")  # room for the next token
   depths = fit(depths, ctx - args.tokens - WARM, ctx, args.depth is not None, "decode depths", "--depth")
   ours = bench_ours(eng, args.tokens, prompt_lens, depths, args.lookahead or DEFAULT_LOOKAHEAD, args.temperature)
-  res = {"model": str(model), "device": device, "beam": settings.beam_width(), "ours": ours, "prompt": prompt_lens, "depth": depths,
+  res = {"model": str(model), "device": device, "beam": settings.beam_width(), "prefill_copy_mib": round(eng.dense_bytes / 2**20), "ours": ours, "prompt": prompt_lens, "depth": depths,
          "temperature": args.temperature,
          "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
   if args.json_schema:

@@ -89,12 +89,14 @@ class RunState:
 
 class Engine:
   def __init__(self, path, max_context: int | None = None, device: str | None = None, chunk: int | None = None,
-               kernel_db=None, max_batch: int = 1, reach: bool = False):
+               kernel_db=None, max_batch: int = 1, reach: bool = False, prefill_copy_mb: int = quant.DEFAULT_PREFILL_COPY_MB):
     """chunk: the largest prefill chunk (default: DEFAULT_CHUNK with tensor cores, else NO_TC_CHUNK). max_batch: slots,
     the sequences the KV cache holds and a decode step can advance together. kernel_db: the model file opened and its
     kernel database chosen by kernel_cache.prepare (where the process starts): the repacked planes and the captured
     steps are kept beside that database; None: neither, tinygrad uses $CACHEDB. reach: steps valid up to
-    steps_reach(max_context), with buffers of that capacity (a prewarm's engine)."""
+    steps_reach(max_context), with buffers of that capacity (a prewarm's engine). prefill_copy_mb: MiB of device memory
+    the layers' matrices may take as float16 copies, which prefill chunks then multiply (quant.DEFAULT_PREFILL_COPY_MB;
+    0: none): kept where all of them fit, else none."""
     t0 = time.monotonic()
     self.file, self.cfg = (kernel_db.file, kernel_db.cfg) if kernel_db is not None else open_model(path)
     self.path, self.device = path, device or Device.DEFAULT
@@ -108,14 +110,18 @@ class Engine:
     self.kernel_db = kernel_db.db if kernel_db is not None else None
     self.weights = load_weights(self.file, self.cfg, self.device, cache_dir=self.kernel_db.parent if self.kernel_db else None,
                                 fuse=fused_groups(self.cfg, {n: t.qtype for n, t in self.file.tensors.items()}))
-    # an experiment (quant.PREFILL_F16, off): the layers' matrices kept in float16 too, for the chunks' products
+    # float16 copies of the layers' matrices for the prefill chunks' products, where they fit in prefill_copy_mb
     self.dense_bytes = 0
-    if quant.PREFILL_F16 and quant.as_matrix(self.chunk):
-      for name, w in self.weights.items():
-        if name.startswith("blk.") and isinstance(w, QuantWeight):
-          w.keep_dense()
-          self.dense_bytes += w.dense.nbytes()
-      log.info(f"ORIN_LLM_PREFILL_F16=1: the layers' matrices kept in float16 too, {self.dense_bytes / 2**20:.0f} MiB")
+    if prefill_copy_mb < 0: raise OrinError(f"prefill_copy_mb must be 0 or more, not {prefill_copy_mb}")
+    if quant.as_matrix(self.chunk):
+      want = quant.dense_bytes(self.weights)
+      if want <= prefill_copy_mb * 2**20:
+        for name, w in self.weights.items():
+          if name.startswith("blk.") and isinstance(w, QuantWeight): w.keep_dense()
+        self.dense_bytes = want
+        log.info(f"prefill: the layers' matrices kept in float16 too, {want / 2**20:.0f} MiB (prefill_copy_mb {prefill_copy_mb})")
+      else: log.info(f"prefill: dequantizes each matrix in each chunk (float16 copies would take {want / 2**20:.0f} MiB, "
+                     f"over prefill_copy_mb {prefill_copy_mb})")
     # a prefill chunk always runs `chunk` rows (a constant shape: matrix products on tensor cores, no symbolic
     # length); the last one of a prompt is padded, so the cache, tables and prompt reach a chunk further
     self.group_rows = group_rows(tc, max_batch)

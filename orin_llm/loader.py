@@ -29,7 +29,6 @@ class PlanesCache:
     # the fusion decides which names the index holds (a stacked group or its members)
     fused = hashlib.sha256(json.dumps(sorted((fuse or {}).items())).encode()).hexdigest()[:16]
     self.ident = {"format": FORMAT, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "header": header, "fuse": fused}
-    if quant.PLANE_LANES: self.ident["lanes"] = quant.PLANE_LANES  # the words' order in the planes (quant.PLANE_LANES)
     key = hashlib.sha256(json.dumps(self.ident, sort_keys=True).encode()).hexdigest()[:16]
     self.dir = pathlib.Path(directory)
     self.bin, self.index = self.dir / f"planes-{key}.bin", self.dir / f"planes-{key}.json"

@@ -107,44 +107,8 @@ def _repack_fast(b: np.ndarray, qtype: QT, planes: dict):
         qh1[i:i + m] = np.packbits(bits.transpose(0, 2, 1), axis=2, bitorder="little").reshape(m, 32).view(np.uint32)
   planes.update(out)
 
-# ORIN_LLM_PLANE_LANES=L (an experiment's knob, 0: off; part of the planes cache's and the steps file's keys): each
-# uint32 plane of W words a row, where L divides W and W > L, is stored with its words dealt out to L lanes: logical
-# word l * (W/L) + j at physical j * L + l. The matvec heuristic (patches 0003, 0013) gives each of GROUP 32 threads
-# of an output row a contiguous run of W/32 words, so a warp's load of word j of every run touched 32 sectors, one
-# 4-byte word of each (CUDA source rendered for sm_87 on the CPU, 1B ffn_gate+up Q6_K, hand-coded opts); dealt out
-# to 32 lanes, the same load reads 128 contiguous bytes. QuantWeight undoes it with a view (plane_view): the kernels
-# index the physical words, the weights' values are unchanged. To be measured (decode at BEAM=0, then searched)
-def plane_lanes(env=os.environ) -> int:
-  """ORIN_LLM_PLANE_LANES: 0 (default, off) or a power of two from 2 to 256."""
-  raw = env.get("ORIN_LLM_PLANE_LANES", "0").strip()
-  if not raw.isdigit() or (int(raw) and (int(raw) < 2 or int(raw) > 256 or int(raw) & (int(raw) - 1))):
-    raise OrinError(f"ORIN_LLM_PLANE_LANES={raw!r}: 0 (off) or a power of two from 2 to 256 is needed (default 0)")
-  return int(raw)
-PLANE_LANES = plane_lanes()
-
-def _dealt(words: int, lanes: int) -> bool:
-  """Whether a uint32 plane of this many words a row is stored dealt out to `lanes` lanes."""
-  return lanes > 0 and words % lanes == 0 and words > lanes
-
-def deal(plane: np.ndarray, lanes: int) -> np.ndarray:
-  """(rows, W) uint32 in element order -> the same words dealt out to `lanes` lanes (PLANE_LANES), a new array."""
-  if plane.dtype != np.uint32 or not _dealt(plane.shape[-1], lanes): return plane
-  r, w = plane.shape
-  return np.ascontiguousarray(plane.reshape(r, lanes, w // lanes).transpose(0, 2, 1)).reshape(r, w)
-
-def plane_view(p: Tensor, lanes: int) -> Tensor:
-  """A plane as stored (dealt out to `lanes` lanes where deal did) -> its words in element order: a view, no copy."""
-  if p.dtype != dtypes.uint32 or not _dealt(p.shape[-1], lanes): return p
-  *lead, w = p.shape
-  return p.reshape(*lead, w // lanes, lanes).transpose(-1, -2).reshape(*lead, w)
-
 def repack(raw: np.ndarray, qtype: QT, rows: int, cols: int) -> dict[str, np.ndarray]:
-  """raw: the tensor's bytes as stored in the GGUF file. Returns the planes (numpy, row-major), their uint32 words
-  dealt out to PLANE_LANES lanes where that is set."""
-  planes = _repack(raw, qtype, rows, cols)
-  return {k: deal(v, PLANE_LANES) for k, v in planes.items()} if PLANE_LANES else planes
-
-def _repack(raw: np.ndarray, qtype: QT, rows: int, cols: int) -> dict[str, np.ndarray]:
+  """raw: the tensor's bytes as stored in the GGUF file. Returns the planes (numpy, row-major)."""
   raw = np.asarray(raw)  # a plain view of the mapped file, not a np.memmap (tinygrad takes ndarrays)
   if qtype == QT.F32: return {"w": raw.reshape(-1).view(np.float32).reshape(rows, cols)}
   if qtype == QT.F16: return {"w": raw.reshape(-1).view(np.float16).reshape(rows, cols)}
@@ -246,18 +210,17 @@ def split_parts(rows: int, cols: int) -> int:
   if not SPLIT_LEN or cols % part or cols <= part: return 1
   return cols // part
 
-# ORIN_LLM_PREFILL_F16=1 (an experiment's knob, off; part of the steps file's key): every layer's matrix is kept on the
-# device as float16 too, beside its planes, and a prefill chunk multiplies that copy rather than dequantizing each matrix
-# into the scratch first. A chunk then reads 2 bytes a weight, where it wrote 2 and read 2 more after reading the planes:
-# ~1.1 ms of a 1B chunk's dequantizations on an H200 (each kernel timed alone, ffn_gate+up's 33 us a layer, eighteenth
-# session), the most of a 32-row chunk's weight traffic, and on the Orin's 204.8 GB/s ~14 ms a chunk. Costs 2 bytes a
-# weight of device memory (1B: 1.9 GB; 8B: 14 GB): to be measured (pp32, pp512, time to first token) before it is offered
-def prefill_f16(env=os.environ) -> bool:
-  """ORIN_LLM_PREFILL_F16: 0 (default) or 1."""
-  raw = env.get("ORIN_LLM_PREFILL_F16", "0").strip()
-  if raw not in ("0", "1"): raise OrinError(f"ORIN_LLM_PREFILL_F16={raw!r}: 0 or 1 is needed (default 0)")
-  return raw == "1"
-PREFILL_F16 = prefill_f16()
+# Float16 copies for prefill (Engine's prefill_copy_mb): every layer's matrix kept on the device as float16 too, beside
+# its planes, so that a prefill chunk multiplies that copy rather than dequantizing each matrix into a scratch first. A
+# chunk then reads 2 bytes a weight, where it wrote 2 and read 2 more after reading the planes. Measured on an H200 (1B
+# Q6_K, twenty-fourth session, docs/PERF.md): pp32 +34%, pp512 +8%, pp2048 +7%, the first token after 32 prompt tokens
+# 2.9 -> 2.2 ms, decode unchanged; on the Orin's 204.8 GB/s the dequantizations cost ~14 ms a 1B chunk. It costs 2 bytes
+# a weight of device memory (1B: 1.8 GiB; 8B: 14 GiB), hence the bound.
+DEFAULT_PREFILL_COPY_MB = 8192
+
+def dense_bytes(weights: dict) -> int:
+  """Bytes of the float16 copies of the layers' matrices (blk.*) that prefill would keep (QuantWeight.keep_dense)."""
+  return sum(2 * w.rows * w.cols for n, w in weights.items() if n.startswith("blk.") and isinstance(w, QuantWeight))
 
 def as_matrix(rows) -> bool:
   """Whether an input of this many rows (constant) is a prefill chunk, whose products run as float16 matrices."""
@@ -271,14 +234,7 @@ class QuantWeight:
   cols: int
   planes: dict[str, Tensor]
   splits: tuple[int, ...] = ()  # a fused weight (loader.load_weights): the row counts of the matrices it stacks
-  dense: Tensor | None = None  # the matrix in float16, kept beside the planes for prefill chunks (PREFILL_F16), else None
-  lanes: int = -1  # the lanes the planes' words are dealt out to (PLANE_LANES when they were repacked; -1: that)
-
-  def __post_init__(self):
-    if self.lanes < 0: self.lanes = PLANE_LANES
-  def _planes(self, planes: dict | None = None) -> dict[str, Tensor]:
-    """The planes (or the given ones, e.g. rows of them) with their words in element order (plane_view)."""
-    return {k: plane_view(p, self.lanes) for k, p in (self.planes if planes is None else planes).items()}
+  dense: Tensor | None = None  # the matrix in float16, kept beside the planes for prefill chunks (keep_dense), else None
 
   @staticmethod
   def from_raw(raw: np.ndarray, qtype: QT, rows: int, cols: int, device: str) -> "QuantWeight":
@@ -286,12 +242,12 @@ class QuantWeight:
 
   def nbytes(self) -> int: return sum(p.nbytes() for p in self.planes.values())  # the planes: what a decode step reads
   def keep_dense(self):
-    """Keeps the matrix in float16 on the device for prefill chunks (PREFILL_F16)."""
+    """Keeps the matrix in float16 on the device for prefill chunks (dense_bytes: what all of them take)."""
     self.dense = self.weights().cast(dtypes.float16).contiguous().realize()
-  def weights(self) -> Tensor: return dequantize(self._planes(), self.qtype)
+  def weights(self) -> Tensor: return dequantize(self.planes, self.qtype)
   def rows_of(self, idx: Tensor) -> Tensor:
     """Dequantized rows idx (an int tensor of any shape) -> (*idx.shape, cols): the embedding lookup."""
-    return dequantize(self._planes({k: p[idx] for k, p in self.planes.items()}), self.qtype)
+    return dequantize({k: p[idx] for k, p in self.planes.items()}, self.qtype)
   def __call__(self, x: Tensor) -> Tensor:
     """x (T, cols) -> x @ W.T (T, rows). A few rows (decode): the weights are dequantized inside the reduction,
     each read once from the planes. From MATMUL_ROWS rows on (a prefill chunk): the matrix is dequantized once
@@ -299,14 +255,14 @@ class QuantWeight:
     cores. The planes are read after the input is computed (AFTER: an ordering edge, no kernel), so each copy
     is made just before its product and the JIT's memory planner reuses one scratch for every matrix; unordered,
     every dequantization depends on weights alone, the scheduler ran them all up front and the prefill step
-    held the whole model in float16 (1B: 1.9 GB). With a float16 copy kept (dense, PREFILL_F16) that copy is the
+    held the whole model in float16 (1B: 1.9 GB). With a float16 copy kept (dense) that copy is the
     matrix: no dequantization in the step."""
     if as_matrix(x.shape[0]):
       x16 = x.cast(dtypes.float16).contiguous()
       if self.dense is not None: w = self.dense
       else:
         planes = {k: Tensor(p.uop.after(x16.uop)) for k, p in self.planes.items()}
-        w = dequantize(self._planes(planes), self.qtype).cast(dtypes.float16).contiguous()
+        w = dequantize(planes, self.qtype).cast(dtypes.float16).contiguous()
       if (S:=split_parts(x.shape[0], self.cols)) == 1: return x16.matmul(w.T, dtype=dtypes.float32)
       # (S, T, L) @ (S, L, N): the parts written out (contiguous), else tinygrad merges both sums back into one
       L = self.cols // S

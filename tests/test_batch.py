@@ -5,6 +5,8 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from orin_llm import quant
 from orin_llm.engine import Engine
+from orin_llm.errors import OrinError
+from orin_llm.quant import QuantWeight
 from orin_llm.model import KV_BLOCK, ROW_BLOCK, key_block
 from orin_llm.sampling import Sampling
 from orin_llm.synth import write_model, preset
@@ -197,24 +199,41 @@ def test_interleaved_prompts_each_run_their_own_tokens(eng, rng):
   for b in range(2): assert rel_err(got[b], alone[b]) < 1e-4, b
 
 def test_prefill_from_float16_copies_equals_dequantizing_in_the_step(tmp_path, rng, monkeypatch):
-  """ORIN_LLM_PREFILL_F16 (quant.PREFILL_F16, an experiment): the layers' matrices kept in float16 beside their planes
-  and multiplied as they are by the matrix-form chunks give the logits the chunks give dequantizing each matrix in the
-  step (the same float16 values), with fewer kernels a chunk; decode still reads the planes."""
+  """prefill_copy_mb: the layers' matrices kept in float16 beside their planes (where all fit in the bound) and
+  multiplied as they are by the matrix-form chunks give the logits the chunks give dequantizing each matrix in the
+  step (the same float16 values), with fewer kernels a chunk; decode still reads the planes. A bound under what the
+  copies take keeps none; a negative one is refused."""
   seed = int(rng.integers(1 << 31))
   path = write_model(tmp_path / "m.gguf", preset("tiny-llama"), QT.Q4_K, LLAMA_VOCAB, seed=seed, vocab_size=VOCAB)
   monkeypatch.setattr(quant, "MATMUL_ROWS", 4)
   prompt = rng.integers(0, VOCAB, 21).tolist()
   out = {}
-  for dense in (False, True):
-    monkeypatch.setattr(quant, "PREFILL_F16", dense)
-    eng = Engine(path, max_context=64, chunk=8)
-    assert (eng.dense_bytes > 0) == dense
+  for mb in (0, quant.DEFAULT_PREFILL_COPY_MB):
+    eng = Engine(path, max_context=64, chunk=8, prefill_copy_mb=mb)
+    want = quant.dense_bytes(eng.weights)
+    assert 0 < want <= 2 ** 20 * quant.DEFAULT_PREFILL_COPY_MB and eng.dense_bytes == (want if mb else 0)
+    assert all((w.dense is not None) == bool(mb) for n, w in eng.weights.items() if n.startswith("blk.") and isinstance(w, QuantWeight))
     first = eng.prefill(0, prompt)
-    out[dense] = (first, eng.state.logits[0].numpy(), eng.decode([0], 4)[:, 0].tolist(), len(eng.steps.chunk(8).captured.linear.src))
+    out[mb > 0] = (first, eng.state.logits[0].numpy(), eng.decode([0], 4)[:, 0].tolist(), len(eng.steps.chunk(8).captured.linear.src))
   (f0, l0, d0, k0), (f1, l1, d1, k1) = out[False], out[True]
   np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-5 * np.abs(l0).max())
   assert np.linalg.norm(l0) > 0 and f1 == f0 and d1 == d0
   assert k1 < k0, (k1, k0)  # no dequantization kernels in the chunk
+  # the bound: copies that take more than it are not kept (the tiny model's take under 1 MiB: the bound scaled down)
+  monkeypatch.setattr(quant, "dense_bytes", lambda w: 3 * 2 ** 20)
+  assert Engine(path, max_context=64, chunk=8, prefill_copy_mb=2).dense_bytes == 0
+  with pytest.raises(OrinError, match="prefill_copy_mb"): Engine(path, max_context=64, chunk=8, prefill_copy_mb=-1)
+
+def test_prefill_copy_mb_config_key(tmp_path):
+  """The server's prefill_copy_mb: read from the TOML file, 0 accepted, a negative number or another type refused
+  with the key's name."""
+  from orin_llm.server.config import from_toml, ServerConfig
+  assert ServerConfig().prefill_copy_mb == quant.DEFAULT_PREFILL_COPY_MB
+  for text, want in (("prefill_copy_mb = 0", 0), ("prefill_copy_mb = 20000", 20000)):
+    (tmp_path / "c.toml").write_text(text + "\n"); assert from_toml(tmp_path / "c.toml").prefill_copy_mb == want
+  for bad in ("-1", '"8192"', "true", "1.5"):
+    (tmp_path / "c.toml").write_text(f"prefill_copy_mb = {bad}\n")
+    with pytest.raises(OrinError, match="prefill_copy_mb"): from_toml(tmp_path / "c.toml")
 
 def test_group_rows_knob():
   """ORIN_LLM_GROUP_ROWS (an experiment): the group step's rows per sequence with tensor cores; the CPU's stay

@@ -38,36 +38,3 @@ def test_planes_take_about_the_file_size(rng):
     ratio = sum(p.nbytes for p in planes.values()) / raw.nbytes
     assert ratio <= 1.04, (qt.name, ratio)  # K-quants widen their 6-bit scales to 8 bits: +3%
 
-@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0], ids=lambda q: q.name)
-def test_planes_dealt_out_to_lanes_give_the_same_weights(qt, rng, monkeypatch):
-  """ORIN_LLM_PLANE_LANES (quant.PLANE_LANES, an experiment): the planes' words stored dealt out to lanes, and viewed
-  back in element order on the device, give gguf's weights, rows and products; the stored words are a permutation
-  of the plain ones (and not the plain order) wherever a plane is long enough."""
-  from orin_llm import quant
-  rows, cols = 5, 2048
-  raw = random_blocks(rng, qt, rows * cols, float(rng.uniform(0.01, 1.0)))
-  plain = repack(raw, qt, rows, cols)
-  monkeypatch.setattr(quant, "PLANE_LANES", 8)
-  dealt = repack(raw, qt, rows, cols)
-  moved = [k for k, p in plain.items() if not np.array_equal(p, dealt[k])]
-  assert moved and all(np.array_equal(np.sort(plain[k], axis=1), np.sort(dealt[k], axis=1)) for k in moved), moved
-  w = QuantWeight.from_raw(raw, qt, rows, cols, "CPU")
-  assert w.lanes == 8
-  want = gguf.quants.dequantize(raw.reshape(rows, -1), qt).astype(np.float64)
-  np.testing.assert_array_equal(w.weights().numpy(), want.astype(np.float32))
-  idx = rng.integers(0, rows, 3)
-  np.testing.assert_array_equal(w.rows_of(Tensor(idx.astype(np.int32))).numpy(), want[idx].astype(np.float32))
-  x = rng.normal(size=(2, cols))
-  y = w(Tensor(x.astype(np.float32))).numpy()
-  assert np.linalg.norm(y - x @ want.T) / np.linalg.norm(x @ want.T) < 1e-5
-
-def test_experiment_knobs_take_only_their_values():
-  """ORIN_LLM_PREFILL_F16 and ORIN_LLM_PLANE_LANES (experiments): their values parsed, anything else refused with the
-  variable's name in a one-line error."""
-  from orin_llm.quant import prefill_f16, plane_lanes
-  from orin_llm.errors import OrinError
-  assert prefill_f16({}) is False and prefill_f16({"ORIN_LLM_PREFILL_F16": "1"}) is True
-  assert plane_lanes({}) == 0 and plane_lanes({"ORIN_LLM_PLANE_LANES": "32"}) == 32
-  for fn, name, bad in [(prefill_f16, "ORIN_LLM_PREFILL_F16", ("2", "yes", "")), (plane_lanes, "ORIN_LLM_PLANE_LANES", ("1", "24", "512", "-4", "x"))]:
-    for v in bad:
-      with pytest.raises(OrinError, match=name): fn({name: v})
