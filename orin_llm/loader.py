@@ -13,7 +13,7 @@ from tinygrad import Tensor
 from orin_llm.config import ModelConfig, config_from_gguf
 from orin_llm.gguf_file import GGUFFile
 from orin_llm.quant import QuantWeight, repack
-from orin_llm import hostmem, log, quant
+from orin_llm import hostmem, log
 from orin_llm.fileutil import AtomicFile, atomic_write
 
 UPLOAD_BATCH = 256 << 20
