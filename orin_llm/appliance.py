@@ -19,7 +19,8 @@ def load(cfg, reach: bool = False):
     if cfg.draft_model:  # its kernels go to the model's database (keyed by each kernel), its planes and steps beside it
       from orin_llm.loader import open_model
       draft = Engine(cfg.draft_model, max_context=eng.max_context, device=device,
-                     kernel_db=kernel_cache.Prepared(*open_model(cfg.draft_model), db.db), reach=reach)
+                     kernel_db=kernel_cache.Prepared(*open_model(cfg.draft_model), db.db), reach=reach,
+                     prefill_copy_mb=eng.prefill_copy_left())  # one bound for both engines' copies
       speculative.check_draft(eng, draft)
       eng.speculator = lambda: speculative.Speculator(speculative.ModelDraft(draft))
     else: eng.speculator = lambda: speculative.Speculator(speculative.NgramDraft())

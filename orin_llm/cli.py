@@ -38,7 +38,7 @@ def load(args):
   eng.speculator = None
   if getattr(args, "draft_model", None):
     from orin_llm import speculative
-    draft = Engine(args.draft_model, max_context=eng.max_context, device=device)
+    draft = Engine(args.draft_model, max_context=eng.max_context, device=device, prefill_copy_mb=eng.prefill_copy_left())
     speculative.check_draft(eng, draft)
     eng.speculator = lambda: speculative.Speculator(speculative.ModelDraft(draft))
   elif getattr(args, "speculative", "off") == "ngram":

@@ -113,13 +113,19 @@ class Engine:
     # float16 copies of the layers' matrices for the prefill chunks' products, where they fit in prefill_copy_mb
     self.dense_bytes = 0
     if prefill_copy_mb < 0: raise OrinError(f"prefill_copy_mb must be 0 or more, not {prefill_copy_mb}")
+    self.prefill_copy_mb = prefill_copy_mb
     if quant.as_matrix(self.chunk):
       want = quant.dense_bytes(self.weights)
       if want <= prefill_copy_mb * 2**20:
-        for name, w in self.weights.items():
-          if name.startswith("blk.") and isinstance(w, QuantWeight): w.keep_dense()
-        self.dense_bytes = want
-        log.info(f"prefill: the layers' matrices kept in float16 too, {want / 2**20:.0f} MiB (prefill_copy_mb {prefill_copy_mb})")
+        mats = [w for name, w in self.weights.items() if name.startswith("blk.") and isinstance(w, QuantWeight)]
+        try:
+          for w in mats: w.keep_dense()
+          self.dense_bytes = want
+          log.info(f"prefill: the layers' matrices kept in float16 too, {want / 2**20:.0f} MiB (prefill_copy_mb {prefill_copy_mb})")
+        except (MemoryError, RuntimeError) as e:  # the device's memory is shared and may be short (the Orin): do without
+          for w in mats: w.dense = None
+          log.info(f"prefill: float16 copies of the layers' matrices ({want / 2**20:.0f} MiB) did not fit on the device "
+                   f"({type(e).__name__}: {str(e)[:120]}): each chunk dequantizes its matrices instead")
       else: log.info(f"prefill: dequantizes each matrix in each chunk (float16 copies would take {want / 2**20:.0f} MiB, "
                      f"over prefill_copy_mb {prefill_copy_mb})")
     # a prefill chunk always runs `chunk` rows (a constant shape: matrix products on tensor cores, no symbolic
@@ -158,6 +164,7 @@ class Engine:
     self.load_seconds = time.monotonic() - t0
     log.info(f"loaded {os.path.basename(str(path))}: {self.cfg.arch}, {self.cfg.n_layers} layers, dim {self.cfg.dim}, "
              f"context {self.max_context} x {max_batch} slot{'s' * (max_batch > 1)}, {self.weight_bytes() / 2**20:.0f} MiB of weights + "
+             f"{f'{self.dense_bytes / 2**20:.0f} MiB of float16 copies + ' if self.dense_bytes else ''}"
              f"{self.kv_bytes() / 2**20:.0f} MiB KV cache (file {self.file.path.stat().st_size / 2**20:.0f} MiB; device memory in use "
              f"{GlobalCounters.mem_used / 2**20:.0f} MiB) in {self.load_seconds:.1f} s")
 
@@ -167,6 +174,9 @@ class Engine:
   def kv_bytes(self) -> int: return sum(b.cache.nbytes() for b in self.model.blocks)
   @property
   def max_batch(self) -> int: return len(self.slots)
+  def prefill_copy_left(self) -> int:
+    """MiB of the prefill_copy_mb bound this engine's copies leave (a draft model's engine takes the rest)."""
+    return max(0, self.prefill_copy_mb - -(-self.dense_bytes // 2**20))
 
   # ------------------------------------------------------------------ slots
   def reset(self, slot: int | None = None):

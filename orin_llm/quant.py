@@ -220,7 +220,7 @@ DEFAULT_PREFILL_COPY_MB = 8192
 
 def dense_bytes(weights: dict) -> int:
   """Bytes of the float16 copies of the layers' matrices (blk.*) that prefill would keep (QuantWeight.keep_dense)."""
-  return sum(2 * w.rows * w.cols for n, w in weights.items() if n.startswith("blk.") and isinstance(w, QuantWeight))
+  return sum(2 * w.rows * w.cols for n, w in weights.items() if n.startswith("blk.") and isinstance(w, QuantWeight) and w.qtype != QT.F16)
 
 def as_matrix(rows) -> bool:
   """Whether an input of this many rows (constant) is a prefill chunk, whose products run as float16 matrices."""
@@ -243,7 +243,8 @@ class QuantWeight:
   def nbytes(self) -> int: return sum(p.nbytes() for p in self.planes.values())  # the planes: what a decode step reads
   def keep_dense(self):
     """Keeps the matrix in float16 on the device for prefill chunks (dense_bytes: what all of them take)."""
-    self.dense = self.weights().cast(dtypes.float16).contiguous().realize()
+    # a float16 matrix is its own copy (its plane), no second one
+    self.dense = self.planes["w"] if self.qtype == QT.F16 else self.weights().cast(dtypes.float16).contiguous().realize()
   def weights(self) -> Tensor: return dequantize(self.planes, self.qtype)
   def rows_of(self, idx: Tensor) -> Tensor:
     """Dequantized rows idx (an int tensor of any shape) -> (*idx.shape, cols): the embedding lookup."""

@@ -223,6 +223,38 @@ def test_prefill_from_float16_copies_equals_dequantizing_in_the_step(tmp_path, r
   monkeypatch.setattr(quant, "dense_bytes", lambda w: 3 * 2 ** 20)
   assert Engine(path, max_context=64, chunk=8, prefill_copy_mb=2).dense_bytes == 0
   with pytest.raises(OrinError, match="prefill_copy_mb"): Engine(path, max_context=64, chunk=8, prefill_copy_mb=-1)
+  # at the bound, kept; a draft model's engine gets what the copies leave of it
+  eng = Engine(path, max_context=64, chunk=8, prefill_copy_mb=3)
+  assert eng.dense_bytes == 3 * 2 ** 20 and eng.prefill_copy_left() == 0
+  assert Engine(path, max_context=64, chunk=8, prefill_copy_mb=5).prefill_copy_left() == 2
+
+def test_prefill_copies_that_do_not_fit_on_the_device_are_dropped(tmp_path, rng, monkeypatch):
+  """A device that runs out of memory while the float16 copies are made (the Orin's memory is shared): the engine
+  starts without any copy and prefills by dequantizing, with the logits of an engine built without copies."""
+  path = write_model(tmp_path / "m.gguf", preset("tiny-llama"), QT.Q4_K, LLAMA_VOCAB, seed=int(rng.integers(1 << 31)), vocab_size=VOCAB)
+  monkeypatch.setattr(quant, "MATMUL_ROWS", 4)
+  made, keep = [], QuantWeight.keep_dense
+  def short(w):
+    if len(made) == 3: raise RuntimeError("CUDA Error 2, out of memory")
+    keep(w); made.append(w)
+  monkeypatch.setattr(QuantWeight, "keep_dense", short)
+  eng = Engine(path, max_context=64, chunk=8)
+  assert len(made) == 3 and eng.dense_bytes == 0 and eng.prefill_copy_left() == quant.DEFAULT_PREFILL_COPY_MB
+  assert all(w.dense is None for w in eng.weights.values() if isinstance(w, QuantWeight))
+  prompt = rng.integers(0, VOCAB, 13).tolist()
+  eng.prefill(0, prompt)
+  monkeypatch.setattr(QuantWeight, "keep_dense", keep)
+  plain = Engine(path, max_context=64, chunk=8, prefill_copy_mb=0)
+  plain.prefill(0, prompt)
+  np.testing.assert_array_equal(eng.state.logits[0].numpy(), plain.state.logits[0].numpy())
+
+def test_a_float16_matrix_is_its_own_prefill_copy(tmp_path, rng, monkeypatch):
+  """F16 files: a layer's matrix is already float16, so its plane is the copy (no second one, no bytes counted)."""
+  path = write_model(tmp_path / "m.gguf", preset("tiny-llama"), QT.F16, LLAMA_VOCAB, seed=int(rng.integers(1 << 31)), vocab_size=VOCAB)
+  monkeypatch.setattr(quant, "MATMUL_ROWS", 4)
+  eng = Engine(path, max_context=64, chunk=8)
+  mats = [w for n, w in eng.weights.items() if n.startswith("blk.") and isinstance(w, QuantWeight)]
+  assert mats and all(w.qtype == QT.F16 and w.dense is w.planes["w"] for w in mats) and eng.dense_bytes == 0
 
 def test_prefill_copy_mb_config_key(tmp_path):
   """The server's prefill_copy_mb: read from the TOML file, 0 accepted, a negative number or another type refused

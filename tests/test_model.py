@@ -138,7 +138,9 @@ def test_matmul_prefill_matches_reference(model, rng, monkeypatch, rows):
   monkeypatch.setattr(quant, "SPLIT_LEN", 128)
   assert quant.split_parts(rows, 256) == 2 and quant.split_parts(rows, 512) == 4  # the tiny models' dim and ffn_dim
   assert quant.split_parts(64, 256) == 1 and quant.split_parts(64, 512) == 2 and quant.split_parts(rows, 128) == 1
-  eng = Engine(path, max_context=128, chunk=rows)
+  # no float16 copies (prefill_copy_mb=0): the path that dequantizes each matrix in the step, whose scratch is checked
+  # below (a model whose copies do not fit the bound, as the 8B's by default, runs it)
+  eng = Engine(path, max_context=128, chunk=rows, prefill_copy_mb=0)
   ref = Reference(path)
   prompt = rng.integers(0, VOCAB, 2 * rows + 5).tolist()  # two full chunks and a padded one
   logits = ref.run(prompt)
