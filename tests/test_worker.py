@@ -216,3 +216,19 @@ def test_short_prompts_that_join_together_prefill_in_one_step():
       text = "".join(e[1] for e in evs if e[0] == "text")
       assert text == "".join(f"<{p[-1] + 1 + i}>" for i in range(3)), (p, text)
   finally: loop.close()
+
+def test_jobs_that_arrive_before_the_engine_takes_them_count_free_slots(monkeypatch):
+  """queue_size bounds the jobs that wait for a slot: jobs that arrive together while slots are free (before the
+  engine thread's next tick takes them) are not refused; the job past free slots + queue_size is, with Retry-After."""
+  w = W.Worker(lambda: None, queue_size=2, metrics=Metrics())  # its thread not started: nothing is taken from the queue
+  loop = asyncio.new_event_loop()
+  try:
+    for free in ([0, 1], [1], []):
+      w.waiting.clear()
+      w.sched = type("Sched", (), {"free_slots": lambda self, f=free: list(f)})()
+      w.engine = type("Eng", (), {"max_batch": 2})()
+      jobs = [W.Job([5] * 3, 2, Sampling(), [], loop) for _ in range(2 + len(free))]
+      for j in jobs: w.submit(j)
+      with pytest.raises(W.QueueFull) as e: w.submit(W.Job([5] * 3, 2, Sampling(), [], loop))
+      assert e.value.retry_after >= 1 and w.depth() == 2 + len(free), free
+  finally: loop.close()

@@ -273,8 +273,12 @@ class Worker:
   def slots(self) -> int: return self.engine.max_batch if self.engine is not None else 1
 
   def submit(self, job: Job):
+    # a free slot takes a job at the engine thread's next tick: jobs that arrive together (clients started at once)
+    # wait there until then, and only what will not find a slot is held against queue_size (read without the
+    # engine thread's lock: a job between the queue and its slot makes the bound one more for that moment)
+    free = len(self.sched.free_slots()) if self.sched is not None else 0
     with self._lock:
-      if len(self.waiting) >= self.queue_size:
+      if len(self.waiting) >= self.queue_size + free:
         raise QueueFull(max(1, min(60, round(self.avg_seconds * (len(self.waiting) + 1) / self.slots()))))
       job.worker = self
       self.waiting.add(job)
