@@ -31,7 +31,6 @@ from orin_llm.step_cache import steps_reach
 from orin_llm.sampling import Sampling, greedy, masked, sample
 from orin_llm.hostio import host_io
 from orin_llm import log, quant
-from orin_llm.quant import QuantWeight
 
 DEFAULT_CONTEXT = 4096
 # prompt tokens per prefill step. On a GPU, chunks run the weights as float16 matrix products on tensor cores
@@ -117,7 +116,7 @@ class Engine:
     if quant.as_matrix(self.chunk):
       want = quant.dense_bytes(self.weights)
       if want <= prefill_copy_mb * 2**20:
-        mats = [w for name, w in self.weights.items() if name.startswith("blk.") and isinstance(w, QuantWeight)]
+        mats = quant.layer_matrices(self.weights)
         try:
           for w in mats: w.keep_dense()
           self.dense_bytes = want

@@ -218,9 +218,13 @@ def split_parts(rows: int, cols: int) -> int:
 # a weight of device memory (1B: 1.8 GiB; 8B: 14 GiB), hence the bound.
 DEFAULT_PREFILL_COPY_MB = 8192
 
+def layer_matrices(weights: dict) -> list:
+  """The layers' matrices (blk.*), those prefill keeps float16 copies of (QuantWeight.keep_dense)."""
+  return [w for n, w in weights.items() if n.startswith("blk.") and isinstance(w, QuantWeight)]
+
 def dense_bytes(weights: dict) -> int:
-  """Bytes of the float16 copies of the layers' matrices (blk.*) that prefill would keep (QuantWeight.keep_dense)."""
-  return sum(2 * w.rows * w.cols for n, w in weights.items() if n.startswith("blk.") and isinstance(w, QuantWeight) and w.qtype != QT.F16)
+  """Bytes of the float16 copies of the layers' matrices that prefill would keep (a float16 matrix is its own)."""
+  return sum(2 * w.rows * w.cols for w in layer_matrices(weights) if w.qtype != QT.F16)
 
 def as_matrix(rows) -> bool:
   """Whether an input of this many rows (constant) is a prefill chunk, whose products run as float16 matrices."""
