@@ -67,10 +67,10 @@ def _source_hash() -> str:
   return h.hexdigest()
 
 def _opts_env() -> dict:
-  """The settings of the hand-coded opts (tinygrad's matvec heuristic, patches 0003, 0013, 0017, 0020, 0022: MV_*), which the
-  kernel database does not key, the decode attention's segments (model.SEGMENTS) and the chunk products' split
+  """The settings of the hand-coded opts (tinygrad's matvec heuristic, patches 0003, 0013, 0017, 0020, 0022: MV_*; the
+  tensor-core products', 0032, 0034, 0036: TC_*; the rows over keys, 0033: RED_KEYS), which the kernel database does not key, the decode attention's segments (model.SEGMENTS) and the chunk products' split
   (quant.SPLIT_LEN): steps compiled under other values are other programs."""
-  return {k: v for k, v in sorted(os.environ.items()) if k.startswith(("MV_", "TC_")) or k in ("ORIN_LLM_DECODE_SEGMENTS", "ORIN_LLM_CHUNK_SPLIT", "ORIN_LLM_CHUNK_PV_PARTS", "ORIN_LLM_GROUP_ROWS")}
+  return {k: v for k, v in sorted(os.environ.items()) if k.startswith(("MV_", "TC_")) or k in ("RED_KEYS", "ORIN_LLM_DECODE_SEGMENTS", "ORIN_LLM_CHUNK_SPLIT", "ORIN_LLM_CHUNK_PV_PARTS", "ORIN_LLM_GROUP_ROWS")}
 
 def _key_hash(eng) -> str:
   from orin_llm.kernel_cache import model_shape

@@ -21,10 +21,12 @@ ap.add_argument("--max-batch", type=int, default=4, help="slots, as the server's
 ap.add_argument("--batch", type=int, default=1, help="rows of the batched step to profile (1: the single-sequence step)")
 ap.add_argument("--chunk", type=int, default=0, help="profile a prefill chunk of this many rows from --pos instead")
 ap.add_argument("--group", action="store_true", help="profile the step that prefills every slot's prompt together instead")
+ap.add_argument("--compare", type=int, default=0, help="time each kernel with the hand-coded opts and with this BEAM width's results, paired")
 ap.add_argument("--graph", type=int, default=0, help="with --chunk or --group: also time the compiled step this many times, as the server runs it")
 a = ap.parse_args()
 eng = Engine(a.model, max_context=a.context, max_batch=a.max_batch)
-with Context(BEAM=0): eng.forward(list(range(1, a.pos + 1)), 0)  # fill the cache; these concrete shapes need no search
+if a.pos:
+  with Context(BEAM=0): eng.forward(list(range(1, a.pos + 1)), 0)  # fill the cache; these concrete shapes need no search
 if a.chunk:  # the chunk step's model (engine.Steps.chunk) over prompt tokens from --pos, its variables bound as it binds them
   from orin_llm.model import Rows
   assert a.chunk in eng.chunks, f"--chunk {a.chunk}: the engine's chunk sizes are {eng.chunks}"
@@ -65,5 +67,17 @@ if a.graph and (a.chunk or a.group):  # the compiled step as the server runs it:
   times = [served() for _ in range(a.graph + 2)][2:]  # the first two capture the step
   print(f"compiled step, {'one prompt' if a.chunk else f'{len(slots)} prompts'} of {T} tokens at {a.pos}, first tokens read: "
         f"median {np.median(times) * 1e3:.2f} ms [{min(times) * 1e3:.2f}, {max(times) * 1e3:.2f}] over {a.graph}")
+what = (f"one prefill chunk of {a.chunk} at {a.pos}" if a.chunk else f"{eng.max_batch} prompts' {eng.group_rows} tokens each at {a.pos}"
+        if a.group else f"a batch step of {a.batch} at {a.pos}" if a.batch > 1 else f"one decode step at {a.pos}")
+if a.compare:
+  from kernel_times import print_compare
+  with Context(BEAM=0): step()
+  with Context(BEAM=a.compare): step()
+  runs = []
+  for _ in range(3):  # interleaved, each kernel's least of three: a clock or a neighbour that slows one run does not decide
+    with Context(BEAM=0): b = kernel_times(step, args=True)
+    with Context(BEAM=a.compare): runs.append((b, kernel_times(step, args=True)))
+  print_compare(runs, what, a.top)
+  raise SystemExit(0)
 step()  # compile everything once
-print_table(kernel_times(step), f"one prefill chunk of {a.chunk} at {a.pos}" if a.chunk else f"{eng.max_batch} prompts' {eng.group_rows} tokens each at {a.pos}" if a.group else "one decode step", a.top)
+print_table(kernel_times(step), what, a.top)
