@@ -61,6 +61,34 @@ def decode_bytes(eng) -> int:
     total += w.nbytes()
   return total
 
+def kv_bytes(eng, position: float) -> float:
+  """Bytes of the float16 KV cache a decode step at `position` reads: every layer's keys and values of the tokens
+  before it (what it must read; the attention reads whole blocks of keys, a little more)."""
+  c = eng.cfg
+  return c.n_layers * 2 * c.n_kv_heads * c.head_dim * 2 * position
+
+def copy_bandwidth(device: str, reps: int = 10) -> dict:
+  """Bytes read plus bytes written per second of a large device-to-device copy, in this run: what decode's effective
+  bandwidth is a share of (issue 18). The driver's copy where tinygrad's allocator has one (CUDA: cuMemcpyDtoDAsync,
+  as the issue measured it), else tinygrad's copy kernel. 512 MiB (64 MiB on the CPU backend: the tests' machine)."""
+  from tinygrad import Tensor, Device, dtypes
+  nbytes = (64 if device.upper().startswith("CPU") else 512) * 2**20
+  src = Tensor.ones(nbytes // 4, dtype=dtypes.float32, device=device).contiguous().realize()
+  dst = Tensor.zeros(nbytes // 4, dtype=dtypes.float32, device=device).contiguous().realize()
+  dev = Device[device]
+  alloc, sb, db = dev.allocator, src.uop.buffer, dst.uop.buffer
+  if getattr(alloc, "supports_transfer", False) and hasattr(alloc, "_transfer"):
+    how = "driver"
+    def once(): alloc._transfer(db._buf, sb._buf, nbytes, src_dev=dev, dest_dev=dev)
+  else:
+    how = "kernel"
+    def once(): dst.assign(src + 0.0).realize()
+  once(); dev.synchronize()
+  t = time.perf_counter()
+  for _ in range(reps): once()
+  dev.synchronize()
+  return {"copy_gb_s": 2 * nbytes * reps / (time.perf_counter() - t) / 1e9, "copy_mib": nbytes // 2**20, "copy_by": how}
+
 def decode_rates(stamps: list[float], lookahead: int) -> dict:
   """tok/s of the tokens stamped, timed in windows of `lookahead` tokens (they reach the host together)."""
   t = np.array(stamps)
@@ -122,12 +150,19 @@ def bench_ours(eng, n_tokens: int, prompt_lens: list[int], depths: list[int], lo
     decode[f"d{d}"] = decode_rates(stamps[WARM:], lookahead)
   first = decode[f"d{depths[0]}"]  # the flat decode figures of earlier runs: the shallowest depth
   nbytes = decode_bytes(eng)
+  # effective bandwidth at each depth: the weights and the KV cache of the timed tokens' mean position, read per token,
+  # as a share of a device copy's bandwidth measured here (issue 18)
+  copy = copy_bandwidth(eng.device)
+  for d, v in zip(depths, decode.values()):
+    v["position"] = max(d, 16) + WARM + n_tokens / 2
+    v["gb_s"] = (nbytes + kv_bytes(eng, v["position"])) * v["tok_s"] / 1e9
+    v["copy_share"] = v["gb_s"] / copy["copy_gb_s"]
   return {"decode_tok_s": first["tok_s"], "decode_tok_s_mean": first["tok_s_mean"], "decode_tok_s_min": first["tok_s_min"],
           "decode_tok_s_max": first["tok_s_max"], "decode": decode, **{f"decode_{k}_tok_s": v["tok_s"] for k, v in decode.items()},
           "prefill_tokens": prompt_lens[0], "prefill_tok_s": prompt_lens[0] / prefill[prompt_lens[0]], "ttft_s": prefill[prompt_lens[0]],
           "prefill": {f"pp{n}": {"tok_s": n / t, "ttft_s": t} for n, t in prefill.items()}, "prefill_chunk": eng.chunk,
           "kernels_per_token": kernels, "bytes_per_token": nbytes, "tinygrad_est_bytes_per_token": est_bytes,
-          "decode_gb_s": nbytes * first["tok_s"] / 1e9, "compile_s": compile_s, "load_s": eng.load_seconds,
+          "decode_gb_s": nbytes * first["tok_s"] / 1e9, **copy, "compile_s": compile_s, "load_s": eng.load_seconds,
           "tokens_timed": first["tokens_timed"]}
 
 def bench_schema(eng, schema: dict, n_tokens: int, lookahead: int) -> dict:
@@ -235,7 +270,12 @@ def print_table(res: dict):
   rows = [*[(f"decode tok/s, depth {k[1:]}", f"{v['tok_s']:.1f} [{v['tok_s_min']:.1f}, {v['tok_s_max']:.1f}]", vs(f"decode_{k}"))
             for k, v in o["decode"].items()],
           *[(f"prefill tok/s, {k}", f"{v['tok_s']:.0f} (first token {v['ttft_s'] * 1e3:.1f} ms)", vs(k)) for k, v in o["prefill"].items()],
-          ("decode GB/s", f"{o['decode_gb_s']:.0f} ({o['bytes_per_token'] / 2**20:.0f} MiB per token, depth {res['depth'][0]})", ""),
+          ("decode GB/s", f"{o['decode_gb_s']:.0f} ({o['bytes_per_token'] / 2**20:.0f} MiB of weights per token, depth {res['depth'][0]})", ""),
+          *([("decode GB/s, with the KV cache", " / ".join(f"{v['gb_s']:.0f}" for v in o["decode"].values())
+              + f" at depths {' / '.join(k[1:] for k in o['decode'])}",
+              " / ".join(f"{100 * v['copy_share']:.0f}%" for v in o["decode"].values())
+              + f" of a {o['copy_mib']} MiB device copy's {o['copy_gb_s']:.0f} GB/s (read + written, {o['copy_by']})")]
+            if "copy_gb_s" in o else []),
           ("kernels per token", str(o["kernels_per_token"]), ""),
           ("load / compile", f"{o['load_s']:.1f} s / {o['compile_s']:.1f} s; prefill in chunks of {o['prefill_chunk']}", "")]
   if (sc := res.get("schema")) is not None:

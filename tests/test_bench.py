@@ -37,6 +37,16 @@ def test_bench_writes_json(tmp_path):
   from orin_llm.gguf_file import GGUFFile
   tensor_bytes = sum(t.nbytes for t in GGUFFile(model).tensors.values())
   assert 0.95 * tensor_bytes < o["bytes_per_token"] < 1.1 * tensor_bytes  # every weight once; the tied embedding read whole
+  # effective bandwidth: weights and the KV cache at the timed tokens' mean position, read per token
+  assert o["copy_gb_s"] > 0 and o["copy_mib"] == 64 and o["copy_by"] in ("driver", "kernel")
+  shape = preset("tiny-llama", n_layers=1, context_length=256)
+  for d, v in o["decode"].items():
+    assert v["position"] == max(int(d[1:]), 16) + 32 + 16 / 2  # the prompt, the warm-up, half the timed tokens
+    kv = shape.n_layers * 2 * shape.n_kv_heads * shape.head_dim * 2 * v["position"]  # float16 keys and values
+    assert abs(v["gb_s"] - (o["bytes_per_token"] + kv) * v["tok_s"] / 1e9) < 1e-9 * v["gb_s"]
+    assert abs(v["copy_share"] - v["gb_s"] / o["copy_gb_s"]) < 1e-12
+  assert o["decode"]["d208"]["gb_s"] / o["decode"]["d208"]["tok_s"] > o["decode"]["d0"]["gb_s"] / o["decode"]["d0"]["tok_s"]
+  assert "decode GB/s, with the KV cache" in r.stdout and "MiB device copy" in r.stdout
   assert "-p 32,255 -n 16 -fa 0,1 -d 0,208 -r 3" in (tmp_path / "llama-bench.args").read_text()
   ll, ratio = res["llama_cpp"], res["ratio"]
   assert ll["decode_d208_tok_s_fa1"] == 309.0 and ll["pp255_d208_tok_s_fa0"] == 563.0
