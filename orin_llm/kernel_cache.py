@@ -191,9 +191,15 @@ class Counter:
     def time_program(*args, **kwargs):  # beam_search times each candidate through this module global
       c.progress = time.monotonic()
       return orig_time(*args, **kwargs)
+    from tinygrad.engine import worker
+    orig_watched = worker.imap_unordered_watched
+    def watched(*args, **kwargs):  # lower_and_compile's pool compiles before a search (patch 0035): each result is progress
+      for r in orig_watched(*args, **kwargs):
+        c.progress = time.monotonic()
+        yield r
     self._in_parent = 0
     device.diskcache_get, search.diskcache_get, realize.lower_and_compile = program_get, beam_get, lower_and_compile
-    search._time_program = time_program
+    search._time_program, worker.imap_unordered_watched = time_program, watched
 
   def _rows(self) -> int:
     """Inserts into the compile tables so far: the sum of their max(rowid), an index lookup each."""

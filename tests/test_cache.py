@@ -250,3 +250,21 @@ def test_step_kernels_do_not_depend_on_the_context(tiny, monkeypatch):
   finally: cg.apply_opts = apply_opts
   for T in sizes + ("batch",):
     assert keys[(256, T)] == keys[(512, T)], (T, len(keys[(256, T)] - keys[(512, T)]))
+
+def test_pool_compiles_before_a_search_count_as_progress():
+  """The server's watchdog (server/cli.py engine_alive) takes a compile or a search that progresses for no hang. With
+  BEAM, lower_and_compile first compiles a batch's hand-coded opts in the worker pool (tinygrad patch 0035), the parent
+  only waiting: each result it gets is progress (kernel_cache.Counter wraps worker.imap_unordered_watched)."""
+  r = subprocess.run([sys.executable, "-c", """
+import time
+from orin_llm import kernel_cache
+from tinygrad.engine import worker
+kernel_cache.COUNTER.install()
+kernel_cache.COUNTER.progress = 0.0
+seen = []
+for i, x in worker.imap_unordered_watched(lambda t: (t[0], t[0] * 2), [(0,), (1,), (2,)], None):
+  seen.append((x, kernel_cache.COUNTER.progressed(60)))
+print(sorted(seen))
+"""], capture_output=True, text=True, timeout=300, env={**os.environ, "PARALLEL": "0", "DEV": "CPU"})
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert r.stdout.strip().splitlines()[-1] == "[(0, True), (2, True), (4, True)]", r.stdout
