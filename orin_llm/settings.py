@@ -40,7 +40,7 @@ def cache_dir(explicit: str | os.PathLike | None = None) -> pathlib.Path:
 
 # ------------------------------------------------------------------ applied to the process
 def apply(beam: int | None = None, workers: int | None = None, cache: str | os.PathLike | bool | None = None,
-          hugepages: str | None = None, fork_workers: bool = False) -> pathlib.Path | None:
+          hugepages: str | None = None, fork_workers: bool = False, search: dict | None = None) -> pathlib.Path | None:
   """Applies the settings given (None leaves one as the environment has it) to this process:
   beam, workers: tinygrad's BEAM and PARALLEL, in the environment (BEAM worker processes and a first
     import of tinygrad read them there) and in tinygrad's ContextVars when it is imported already;
@@ -48,9 +48,11 @@ def apply(beam: int | None = None, workers: int | None = None, cache: str | os.P
     worker re-imports tinygrad, which dominates a search on the Orin's CPU; fork is safe where the
     process runs no threads of its own when it searches);
   cache: the cache directory (True: cache_dir()'s default), created here and returned;
-  hugepages: "auto" or "off" (hostmem.py reads it at each allocation)."""
+  hugepages: "auto" or "off" (hostmem.py reads it at each allocation);
+  search: the BEAM search's bounds by tinygrad's variable (BEAM_TIME_LIMIT, BEAM_MIN_US), over the environment's: call it
+    before search_defaults(), which fills only what is unset, and before tinygrad's first search (it reads them once)."""
   if beam is not None and beam < 0: raise OrinError("--beam must be >= 0")
-  env = {"BEAM": beam, "PARALLEL": workers, "ORIN_LLM_HUGEPAGES": hugepages}
+  env = {"BEAM": beam, "PARALLEL": workers, "ORIN_LLM_HUGEPAGES": hugepages, **(search or {})}
   os.environ.update({k: str(v) for k, v in env.items() if v is not None})
   if fork_workers: os.environ.setdefault("BEAM_MP_CTX", "fork")
   if "tinygrad.helpers" in sys.modules:  # its ContextVars read the environment once, at import

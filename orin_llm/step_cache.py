@@ -68,9 +68,17 @@ def _source_hash() -> str:
 
 def _opts_env() -> dict:
   """The settings of the hand-coded opts (tinygrad's matvec heuristic, patches 0003, 0013, 0017, 0020, 0022: MV_*; the
-  tensor-core products', 0032, 0034, 0036: TC_*; the rows over keys, 0033: RED_KEYS), which the kernel database does not key, the decode attention's segments (model.SEGMENTS) and the chunk products' split
+  tensor-core products', 0032, 0034, 0036: TC_*; the rows over keys, 0033: RED_KEYS; the BEAM search's bounds), which the
+  kernel database does not key, the decode attention's segments (model.SEGMENTS) and the chunk products' split
   (quant.SPLIT_LEN): steps compiled under other values are other programs."""
-  return {k: v for k, v in sorted(os.environ.items()) if k.startswith(("MV_", "TC_")) or k in ("RED_KEYS", "ORIN_LLM_DECODE_SEGMENTS", "ORIN_LLM_CHUNK_SPLIT", "ORIN_LLM_CHUNK_PV_PARTS", "ORIN_LLM_GROUP_ROWS")}
+  from orin_llm.settings import SEARCH_DEFAULTS
+  env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("MV_", "TC_")) or k in ("RED_KEYS", "ORIN_LLM_DECODE_SEGMENTS", "ORIN_LLM_CHUNK_SPLIT", "ORIN_LLM_CHUNK_PV_PARTS", "ORIN_LLM_GROUP_ROWS")}
+  # the search's bounds ([beam] time_limit and min_us), as in effect: steps captured after a shorter search are not loaded
+  # by a server configured for the default one, which captures its own and searches what the shorter one left out
+  def number(v: str) -> str:  # "5", "5.0" and "5e0" are one bound
+    try: return repr(float(v))
+    except ValueError: return v
+  return env | {k: number(os.environ.get(k, SEARCH_DEFAULTS[k])) for k in ("BEAM_TIME_LIMIT", "BEAM_MIN_US")}
 
 def _key_hash(eng) -> str:
   from orin_llm.kernel_cache import model_shape

@@ -329,6 +329,8 @@ def write(tmp_path, text, name="c.toml"):
 @pytest.mark.parametrize("text,key", [
   ('mdoel = "x"', "mdoel"), ("port = 70000", "port"), ('port = "80"', "port"), ("port = true", "port"), ("queue_size = 0", "queue_size"),
   ("context_length = 1.5", "context_length"), ("beam = 3", "beam"), ("[beam]\nwidht = 2", "beam.widht"), ("[beam]\nwidth = -1", "beam.width"),
+  ("[beam]\ntime_limit = 0", "beam.time_limit"), ("[beam]\ntime_limit = 7200", "beam.time_limit"), ('[beam]\nmin_us = "5"', "beam.min_us"),
+  ("[beam]\nmin_us = -1", "beam.min_us"),
   ("[kernel_cache]\ndirectory = 4", "kernel_cache.directory"), ("max_tokens_default = 0", "max_tokens_default"), ("port = ", "TOML"),
 ])
 def test_config_errors(tmp_path, text, key):
@@ -343,10 +345,29 @@ def test_config_and_flags(tmp_path, model):
   cfg = server_config.resolve(A)
   assert (cfg.port, cfg.host, cfg.context_length, cfg.queue_size, cfg.max_tokens_default) == (9100, "0.0.0.0", 512, 3, 64)
   assert (cfg.beam_width, cfg.beam_workers, cfg.kernel_cache_directory, cfg.api_key) == (2, 4, f"{tmp_path}/kc", "s3cret")
+  assert (cfg.beam_time_limit, cfg.beam_min_us) == (None, None)  # unset: settings.SEARCH_DEFAULTS' bounds
   A.api_key_file = str(tmp_path / "missing")
   with pytest.raises(OrinError, match="api_key_file"): server_config.resolve(A)
   A.api_key_file, A.model = None, str(tmp_path / "none.gguf")
   with pytest.raises(OrinError, match="model"): server_config.resolve(A)
+
+def test_config_search_bounds(tmp_path):
+  """[beam] time_limit and min_us become tinygrad's BEAM_TIME_LIMIT and BEAM_MIN_US, over the environment's, before
+  settings.search_defaults() fills the rest; integers are taken as numbers."""
+  from dataclasses import replace
+  cfg = server_config.from_toml(write(tmp_path, "[beam]\ntime_limit = 5\nmin_us = 1000.5\n"))  # width 0: tinygrad's BEAM left as it is
+  assert (cfg.beam_time_limit, cfg.beam_min_us) == (5.0, 1000.5)
+  assert server_config.search_bounds(cfg) == {"BEAM_TIME_LIMIT": 5.0, "BEAM_MIN_US": 1000.5}
+  from orin_llm import settings
+  saved = dict(os.environ)  # search_defaults() sets the other BEAM_* knobs: not for the tests after this one
+  try:
+    for k in ("BEAM_TIME_LIMIT", "BEAM_MIN_US", "BEAM_MAX_ROUNDS"): os.environ[k] = "9"
+    server_config.apply(replace(cfg, kernel_cache_directory=str(tmp_path / "kc")))
+    settings.search_defaults()
+    assert (os.environ["BEAM_TIME_LIMIT"], os.environ["BEAM_MIN_US"], os.environ["BEAM_MAX_ROUNDS"]) == ("5.0", "1000.5", "9")
+  finally:
+    os.environ.clear(); os.environ.update(saved)
+  assert server_config.search_bounds(server_config.ServerConfig()) == {}
 
 def test_bad_config_stops_startup(tmp_path):
   p = write(tmp_path, "port = 8080\nqueue = 3\n")

@@ -108,6 +108,24 @@ def test_steps_file_keyed_by_the_matvec_settings(model, tmp_path, monkeypatch):
   monkeypatch.delenv("MV_LANE_UNROLL")
   assert step_cache.path_for(eng) == before
 
+def test_steps_file_keyed_by_the_search_bounds(model, tmp_path, monkeypatch):
+  """[beam] time_limit and min_us ($BEAM_TIME_LIMIT, $BEAM_MIN_US): steps captured after a shorter search are not what a
+  server configured for the default search loads (it captures its own, searching what the shorter one left out). Unset
+  is the default (settings.SEARCH_DEFAULTS), and one number written two ways is one bound."""
+  from orin_llm.settings import SEARCH_DEFAULTS
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
+  for k in ("BEAM_TIME_LIMIT", "BEAM_MIN_US"): monkeypatch.delenv(k, raising=False)
+  unset = step_cache.path_for(eng)
+  monkeypatch.setenv("BEAM_MIN_US", SEARCH_DEFAULTS["BEAM_MIN_US"] + ".0")
+  assert step_cache.path_for(eng) == unset
+  monkeypatch.setenv("BEAM_TIME_LIMIT", "5")
+  quick = step_cache.path_for(eng)
+  assert quick != unset
+  monkeypatch.setenv("BEAM_TIME_LIMIT", "5e0")
+  assert step_cache.path_for(eng) == quick
+  monkeypatch.setenv("BEAM_MIN_US", "1000")
+  assert step_cache.path_for(eng) not in (quick, unset)
+
 def test_unusable_file_is_ignored(model, tmp_path, rng):
   eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
   step_cache.path_for(eng).write_bytes(b"not a pickle")

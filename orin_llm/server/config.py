@@ -22,6 +22,8 @@ class ServerConfig:
   draft_model: str | None = None       # a small GGUF model of the same vocabulary that proposes tokens (speculative decoding)
   beam_width: int = 0                  # [beam] width: tinygrad BEAM search (0: off)
   beam_workers: int | None = None      # [beam] workers: processes of the search (None: tinygrad's default)
+  beam_time_limit: float | None = None # [beam] time_limit: seconds of search per kernel (None: settings.SEARCH_DEFAULTS, 30)
+  beam_min_us: float | None = None     # [beam] min_us: a kernel under this many us a step with the hand-coded opts is not searched (None: 300)
   kernel_cache_directory: str | None = None  # [kernel_cache] directory: kernel databases and repacked planes (None: settings.cache_dir())
   kernel_cache_shipped: str | None = None    # [kernel_cache] shipped: read-only prebuilt database (file or directory), copied in when missing
   hugepages: str | None = None         # "auto" | "off": host staging buffers in huge pages (hostmem.py); None: $ORIN_LLM_HUGEPAGES, else auto
@@ -62,7 +64,9 @@ _KEYS = {
   "parse_special_in_content": ("parse_special_in_content", bool, None, "true or false"),
 }
 _TABLES = {
-  "beam": {"width": ("beam_width", int, lambda v: v >= 0, "an integer >= 0"), "workers": ("beam_workers", int, _positive, "a positive integer")},
+  "beam": {"width": ("beam_width", int, lambda v: v >= 0, "an integer >= 0"), "workers": ("beam_workers", int, _positive, "a positive integer"),
+           "time_limit": ("beam_time_limit", float, _seconds, "a number of seconds in (0, 3600]"),
+           "min_us": ("beam_min_us", float, lambda v: 0 <= v <= 1e9, "a number of microseconds in 0..1e9")},
   "kernel_cache": {"directory": ("kernel_cache_directory", str, bool, "a non-empty string"),
                    "shipped": ("kernel_cache_shipped", str, bool, "a non-empty string")},
 }
@@ -120,6 +124,11 @@ def resolve(args) -> ServerConfig:
 
 def apply(cfg: ServerConfig):
   """The config's process settings (settings.py), as `serve` and `prewarm --config` apply them: [beam]
-  width (0 leaves $BEAM) and workers, host huge pages, the [kernel_cache] directory (created here)."""
+  width (0 leaves $BEAM), workers and the search's bounds (time_limit, min_us: unset leaves the environment's, else
+  settings.SEARCH_DEFAULTS'), host huge pages, the [kernel_cache] directory (created here)."""
   settings.apply(beam=cfg.beam_width or None, workers=cfg.beam_workers, hugepages=cfg.hugepages,
-                 cache=cfg.kernel_cache_directory)
+                 cache=cfg.kernel_cache_directory, search=search_bounds(cfg))
+
+def search_bounds(cfg: ServerConfig) -> dict[str, float]:
+  """The config's bounds of each kernel's BEAM search, as tinygrad's variables (patches 0011, 0019)."""
+  return {k: v for k, v in (("BEAM_TIME_LIMIT", cfg.beam_time_limit), ("BEAM_MIN_US", cfg.beam_min_us)) if v is not None}
