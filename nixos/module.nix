@@ -156,7 +156,13 @@ in
           beam.width = mkOption {
             type = types.ints.unsigned;
             default = 2;
-            description = "tinygrad's BEAM search width (`0`: off); wider finds faster kernels, searching longer.";
+            description = ''
+              tinygrad's BEAM search width (`0`: off); wider finds faster kernels, searching longer. The
+              search's bounds are the keys `beam.time_limit` (seconds a kernel, default 30) and `beam.min_us`
+              (kernels under this many microseconds a step are not searched, default 300); `time_limit = 5`
+              and `min_us = 1000` make a first prewarm several times shorter for a few percent of speed
+              (docs/SERVER.md, docs/CACHE.md).
+            '';
           };
           kernel_cache.directory = mkOption {
             type = types.str;
