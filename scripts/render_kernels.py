@@ -43,7 +43,6 @@ def main():
   ap.add_argument("model"); ap.add_argument("--step", choices=("decode", "verify", "chunk", "batch"), default="decode")
   ap.add_argument("--rows", type=int, default=None); ap.add_argument("--pos", type=int, default=1000)
   ap.add_argument("--context", type=int, default=4352); ap.add_argument("--arch", default="sm_87", help="sm_87: the Orin; sm_90: an H100")
-  ap.add_argument("--db", default=None, help="a kernel database (CACHEDB) with BEAM results: each kernel's searched opts printed too")
   ap.add_argument("--show", default=None, help="print the CUDA source of the kernels whose name contains this")
   a = ap.parse_args()
   rows = a.rows or {"decode": 1, "verify": 8, "chunk": 512, "batch": 4}[a.step]
@@ -53,27 +52,9 @@ def main():
   eng = Engine(a.model, max_context=a.context, device="CPU", chunk=rows if a.step == "chunk" else None,
                max_batch=rows if a.step == "batch" else 1)
   ren = CUDARenderer(Target("CUDA", "", a.arch), use_nvcc=True)  # nvcc: constructs with no CUDA library
-  searched = []
-  if a.db:  # the database's result for each kernel, looked up by the key beam_search computes (BEAM width 2)
-    import os
-    os.environ["CACHEDB"] = a.db
-    from tinygrad.codegen.opt import postrange
-    from tinygrad.codegen.opt.search import _beam_key_ast
-    from tinygrad.helpers import diskcache_get
-    orig = postrange.apply_opts
-    def apply_opts(ast, ren, beam=0):
-      if ast.tag is None:
-        k = postrange.Scheduler(ast, ren); k.convert_loop_to_global()
-        key = {"ast": _beam_key_ast(k.ast).key, "amt": 2, "allow_test_size": True, "device": ren.target.device, "suffix": ren.suffix}
-        searched.append(diskcache_get("beam_search", key))
-      return orig(ast, ren, beam)
-    import tinygrad.codegen as cg
-    cg.apply_opts = postrange.apply_opts = apply_opts
-  fmt = lambda opts: [f'{o.op.name}({o.axis},{o.arg})' for o in opts]
   for call in step_kernels(eng, a.step, rows, a.pos):
     name, opts, src = render(call.src[0], ren)
-    print(f"{name:48s} {[b.shape[0] for b in call.src[1:]]} {fmt(opts)}")
-    if a.db: print(f"{'':48s} searched: {'(not in the database)' if searched[-1] is None else fmt(searched[-1])}")
+    print(f"{name:48s} {[b.shape[0] for b in call.src[1:]]} {[f'{o.op.name}({o.axis},{o.arg})' for o in opts]}")
     if a.show and a.show in name: print(src)
 
 if __name__ == "__main__": main()
