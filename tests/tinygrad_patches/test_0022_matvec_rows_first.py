@@ -22,7 +22,8 @@ def test_single_row_four_rows_a_block_before_the_warp(qtype, O, K, unroll):
 
 @pytest.mark.parametrize("R", [2, 4, 8])
 def test_few_rows_four_weight_rows_a_thread(R):
-  [k] = matvec_kernels.kernels(2048, 8192, R, "Q6_K", BASE)
+  # (0038 picks the lanes by the row's length and the thread count; MV_ROWS_THREADS=0: 0022's 32 lanes throughout)
+  [k] = matvec_kernels.kernels(2048, 8192, R, "Q6_K", BASE | {"MV_ROWS_THREADS": "0"})
   assert k["opts"] == [["UPCAST", 1, 4], ["LOCAL", 1, 2], ["GROUP", 0, 32], ["UNROLL", 4, 0], ["UPCAST", 0, 0]], k
 
 @pytest.mark.parametrize("env", [{"MV_ROWS_FIRST": "0"}, {"MV_BLOCKSIZE": "4"}, {"MV_THREADS_PER_ROW": "32"}, {"MV_ROWS_PER_THREAD": "4"}])

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""The engine's decode rate with B sequences at once, without the server: each of B slots prefilled with a short
+prompt, then rounds of 16 decode steps of all B (Engine.decode, as the server's worker runs them, the next round
+queued ahead), timed on the host. What a batch step costs on the device, to set beside the load bench's aggregate
+(the server's overhead is the difference).
+  batch_steps.py MODEL [--context 4352] [--max-batch 8] [--sizes 1,2,4,8] [--rounds 8] [--prompt 16]"""
+import argparse, statistics, time
+import numpy as np
+from orin_llm import settings
+settings.search_defaults()  # a BEAM run searches as the server does
+from orin_llm.engine import Engine, HIST
+
+ap = argparse.ArgumentParser(); ap.add_argument("model"); ap.add_argument("--context", type=int, default=4352)
+ap.add_argument("--max-batch", type=int, default=8); ap.add_argument("--sizes", default="1,2,4,8")
+ap.add_argument("--rounds", type=int, default=8); ap.add_argument("--prompt", type=int, default=16)
+a = ap.parse_args()
+rng = np.random.default_rng()
+eng = Engine(a.model, max_context=a.context, max_batch=a.max_batch)
+V = eng.cfg.vocab_size
+for B in [int(b) for b in a.sizes.split(",")]:
+  slots = list(range(B))
+  for s in slots: eng.reset(s); eng.prefill(s, rng.integers(0, V, a.prompt).tolist())
+  eng.decode(slots, HIST, ahead=True)  # compiles (first use) and warms
+  times = []
+  for _ in range(a.rounds):
+    st = time.perf_counter(); eng.decode(slots, HIST, ahead=True); times.append(time.perf_counter() - st)
+  step = statistics.median(times) / HIST
+  from tinygrad.engine.realize import graph_cache
+  jit = eng.steps.jits["chunk1" if B == 1 else f"batch{B}"]
+  calls = jit.captured.linear.src if jit.captured is not None else ()
+  runners = [graph_cache.get(c.src[0]) for c in calls if c.src[0].arg == "graph"]
+  runners = [r for r in runners if r is not None and hasattr(r, "updatable")]
+  if runners:  # the model step's graphs: their kernels, and those whose parameters are set again on each call
+    print(f"  the model step: {len(calls)} calls, {len(runners)} graphs of {sum(len(r.calls) for r in runners)} nodes, "
+          f"{sum(len(r.updatable) for r in runners)} updated each call")
+  # the model step and the choice apart, each called back to back at the slots' positions (the same keys written again)
+  from tinygrad import Device
+  from orin_llm.model import ROW_BLOCK
+  pos = [len(eng.slots[s].cached) for s in slots]
+  if B == 1:
+    model = lambda: eng.steps.chunk(1)(eng.v_pos.bind(pos[0]), eng.v_slot.bind(0), eng.v_len.bind(1))
+    choose = lambda: eng.steps.choose("one", True)(eng.v_pos.bind(pos[0] + 1), eng.v_slot.bind(0), eng.v_row.bind(0))
+  else:
+    model = lambda: eng.steps.batch(B)(*[v.bind(p) for v, p in zip(eng.v_rows, pos)], eng.v_blocks.bind((max(pos) + ROW_BLOCK) // ROW_BLOCK))
+    choose = lambda: eng.steps.choose(f"batch{B}", True)(*[v.bind(p + 1) for v, p in zip(eng.v_rows, pos)], eng.v_row.bind(0))
+  for name, fn in (("model step", model), ("greedy choice", choose)):
+    fn(); Device[eng.device].synchronize()
+    st = time.perf_counter()
+    for _ in range(200): fn()
+    Device[eng.device].synchronize()
+    print(f"  {name} alone: {(time.perf_counter() - st) / 200 * 1e3:.3f} ms a call (200 back to back)")
+  print(f"B={B}: {step * 1e3:.3f} ms a step (median of {a.rounds} rounds of {HIST}; spread "
+        f"{min(times) / HIST * 1e3:.3f}-{max(times) / HIST * 1e3:.3f}), {B / step:.0f} tokens/s in all", flush=True)
