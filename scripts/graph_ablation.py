@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""What each kind of kernel costs inside a compiled step's graph, where timing kernels alone measures the launch floor
+(docs/PERF.md, twenty-sixth session: an 8-row step's 333 kernels summed to 7.9 ms alone, 3.5 ms in the graph). The
+model step of B rows (engine.Steps.batch, or the one-row decode step) is captured as the server runs it; then, for each
+kind of kernel (its name: every KV store of every layer is one kind), the step's kernels
+without that kind are made into a graph again and timed, back to back, against the whole step rebuilt the same way. The
+difference is what that kind costs in the graph. The numbers the ablated steps compute are wrong (a kernel's output is
+missing), their time is what is measured; the step's own buffers are used, so nothing else is touched.
+  graph_ablation.py MODEL [--context 4352] [--max-batch 8] [--rows 8] [--top 12] [--reps 200]"""
+import argparse, re, statistics, time
+from collections import defaultdict
+import numpy as np
+from orin_llm import settings
+settings.search_defaults()  # a BEAM run takes the database's results as the server does
+from tinygrad import Device
+from tinygrad.uop.ops import Ops, UOp
+from tinygrad.engine.jit import create_graph_call
+from tinygrad.engine.realize import run_linear
+from orin_llm.engine import Engine, HIST
+from orin_llm.model import ROW_BLOCK
+
+def kernels(linear: UOp) -> list[UOp]:
+  """The step's calls in order, each graph's calls in its place."""
+  out = []
+  for c in linear.src:
+    if c.src[0].op is Ops.CUSTOM_FUNCTION and c.src[0].arg == "graph": out += list(c.src[0].src[0].src)
+    else: out.append(c)
+  return out
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+def name(call: UOp) -> str:
+  """A kernel's name as profile_decode.py prints it: every layer's kernel of one kind has the same (every KV store of
+  every layer, each layer's gate+up product)."""
+  return ANSI.sub("", call.src[0].arg.name) if call.src[0].op is Ops.PROGRAM else str(call.src[0].op)
+
+def rebuilt(calls: list[UOp], graph: bool) -> UOp:
+  return UOp(Ops.LINEAR, src=(create_graph_call(calls),) if graph and len(calls) > 1 else tuple(calls))
+
+def main():
+  ap = argparse.ArgumentParser(); ap.add_argument("model"); ap.add_argument("--context", type=int, default=4352)
+  ap.add_argument("--max-batch", type=int, default=8); ap.add_argument("--rows", type=int, default=8)
+  ap.add_argument("--top", type=int, default=12); ap.add_argument("--reps", type=int, default=200)
+  ap.add_argument("--prompt", type=int, default=16)
+  a = ap.parse_args()
+  eng, B = Engine(a.model, max_context=a.context, max_batch=a.max_batch), a.rows
+  slots, rng = list(range(B)), np.random.default_rng()
+  for s in slots: eng.reset(s); eng.prefill(s, rng.integers(0, eng.cfg.vocab_size, a.prompt).tolist())
+  eng.decode(slots, HIST)  # captures the step
+  pos = [len(eng.slots[s].cached) for s in slots]
+  if B == 1:
+    jit = eng.steps.jits["chunk1"]
+    var_vals = {eng.v_pos.expr: pos[0], eng.v_slot.expr: 0, eng.v_len.expr: 1}
+  else:
+    jit = eng.steps.jits[f"batch{B}"]
+    var_vals = {v.expr: p for v, p in zip(eng.v_rows, pos)} | {eng.v_blocks.expr: (max(pos) + ROW_BLOCK) // ROW_BLOCK}
+  calls = kernels(jit.captured.linear)
+  dev = Device[eng.device]
+  graph = dev.graph is not None
+  def timed(linear: UOp) -> float:
+    run_linear(linear, var_vals, jit=True); dev.synchronize()  # builds the graph
+    best = []
+    for _ in range(3):
+      st = time.perf_counter()
+      for _ in range(a.reps): run_linear(linear, var_vals, jit=True)
+      dev.synchronize(); best.append((time.perf_counter() - st) / a.reps)
+    return min(best)
+  groups = defaultdict(list)
+  for i, c in enumerate(calls): groups[name(c)].append(i)
+  whole = timed(rebuilt(calls, graph))
+  print(f"{B}-row step: {len(calls)} kernels in {'a graph' if graph else 'order (no graph on this device)'}, rebuilt "
+        f"whole: {whole * 1e3:.3f} ms a call ({a.reps} back to back, best of 3)")
+  rows = []
+  for k, idx in groups.items():
+    drop = set(idx)
+    t = timed(rebuilt([c for i, c in enumerate(calls) if i not in drop], graph))
+    rows.append((whole - t, k, len(idx)))
+  rows.sort(reverse=True)
+  print(f"{'kernel (all of that name dropped)':48s} {'n':>4s} {'saved us':>9s} {'% step':>7s}")
+  for saved, k, n in rows[:a.top]: print(f"{k:48s} {n:4d} {saved * 1e6:9.1f} {100 * saved / whole:7.1f}")
+  print(f"sum of the savings: {sum(r[0] for r in rows) * 1e3:.3f} ms of {whole * 1e3:.3f}")
+
+if __name__ == "__main__": main()
