@@ -5,7 +5,8 @@ model step of B rows (engine.Steps.batch, or the one-row decode step) is capture
 kind of kernel (its name: every KV store of every layer is one kind), the step's kernels
 without that kind are made into a graph again and timed, back to back, against the whole step rebuilt the same way. The
 difference is what that kind costs in the graph. The numbers the ablated steps compute are wrong (a kernel's output is
-missing), their time is what is measured; the step's own buffers are used, so nothing else is touched.
+missing), their time is what is measured. They run on the step's own buffers: they write the KV cache where the step
+would (the prefilled slots' next position), nothing the measurement reads back.
   graph_ablation.py MODEL [--context 4352] [--max-batch 8] [--rows 8] [--top 12] [--reps 200]"""
 import argparse, re, statistics, time
 from collections import defaultdict
@@ -14,7 +15,8 @@ from orin_llm import settings
 settings.search_defaults()  # a BEAM run takes the database's results as the server does
 from tinygrad import Device
 from tinygrad.uop.ops import Ops, UOp
-from tinygrad.engine.jit import create_graph_call
+from tinygrad.engine.jit import graph_split_rewrite
+from tinygrad.helpers import JIT_BATCH_SIZE
 from tinygrad.engine.realize import run_linear
 from orin_llm.engine import Engine, HIST
 from orin_llm.model import ROW_BLOCK
@@ -33,8 +35,9 @@ def name(call: UOp) -> str:
   every layer, each layer's gate+up product)."""
   return ANSI.sub("", call.src[0].arg.name) if call.src[0].op is Ops.PROGRAM else str(call.src[0].op)
 
-def rebuilt(calls: list[UOp], graph: bool) -> UOp:
-  return UOp(Ops.LINEAR, src=(create_graph_call(calls),) if graph and len(calls) > 1 else tuple(calls))
+def rebuilt(calls: list[UOp]) -> UOp:
+  """The calls made into graphs as the JIT makes a captured step's (batches of JIT_BATCH_SIZE, doubling)."""
+  return graph_split_rewrite(UOp(Ops.LINEAR, src=tuple(calls)), max_batch_size=JIT_BATCH_SIZE.value)
 
 def main():
   ap = argparse.ArgumentParser(); ap.add_argument("model"); ap.add_argument("--context", type=int, default=4352)
@@ -43,6 +46,7 @@ def main():
   ap.add_argument("--prompt", type=int, default=16)
   a = ap.parse_args()
   eng, B = Engine(a.model, max_context=a.context, max_batch=a.max_batch), a.rows
+  assert B == 1 or B in eng.batch_sizes, f"--rows {B}: the engine compiles batches of {eng.batch_sizes} (and 1)"
   slots, rng = list(range(B)), np.random.default_rng()
   for s in slots: eng.reset(s); eng.prefill(s, rng.integers(0, eng.cfg.vocab_size, a.prompt).tolist())
   eng.decode(slots, HIST)  # captures the step
@@ -66,17 +70,20 @@ def main():
     return min(best)
   groups = defaultdict(list)
   for i, c in enumerate(calls): groups[name(c)].append(i)
-  whole = timed(rebuilt(calls, graph))
+  whole = timed(rebuilt(calls))
   print(f"{B}-row step: {len(calls)} kernels in {'a graph' if graph else 'order (no graph on this device)'}, rebuilt "
         f"whole: {whole * 1e3:.3f} ms a call ({a.reps} back to back, best of 3)")
-  rows = []
+  rows, drift = [], 0.0
   for k, idx in groups.items():
     drop = set(idx)
-    t = timed(rebuilt([c for i, c in enumerate(calls) if i not in drop], graph))
-    rows.append((whole - t, k, len(idx)))
+    t = timed(rebuilt([c for i, c in enumerate(calls) if i not in drop]))
+    ref = timed(rebuilt(calls))  # the whole step again beside each ablation: a clock that drifts shows here
+    rows.append((ref - t, k, len(idx)))
+    drift = max(drift, abs(ref - whole) / whole)
   rows.sort(reverse=True)
   print(f"{'kernel (all of that name dropped)':48s} {'n':>4s} {'saved us':>9s} {'% step':>7s}")
   for saved, k, n in rows[:a.top]: print(f"{k:48s} {n:4d} {saved * 1e6:9.1f} {100 * saved / whole:7.1f}")
-  print(f"sum of the savings: {sum(r[0] for r in rows) * 1e3:.3f} ms of {whole * 1e3:.3f}")
+  print(f"sum of the savings: {sum(r[0] for r in rows) * 1e3:.3f} ms of {whole * 1e3:.3f}; the whole step's time moved by "
+        f"up to {100 * drift:.1f}% between ablations (compare with batch_steps.py's 'model step alone')")
 
 if __name__ == "__main__": main()
