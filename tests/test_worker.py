@@ -24,6 +24,7 @@ class FakeEngine:
   def __init__(self, slots=2, ctx=200):
     self.max_batch, self.max_context, self.slots = slots, ctx, [Slot() for _ in range(slots)]
     self.chunks_run, self.decodes, self.fail, self.resets, self.lock = 0, [], None, 0, threading.Lock()
+    self.rounds = []  # the steps of each decode round
   def common_prefix(self, s, toks):
     n = 0
     for a, b in zip(self.slots[s].cached, toks):
@@ -45,7 +46,7 @@ class FakeEngine:
     return s.next
   def decode(self, slots, n, ahead=False):
     if self.fail: raise self.fail
-    self.decodes.append(tuple(slots))
+    self.decodes.append(tuple(slots)); self.rounds.append(n)
     out = np.zeros((n, len(slots)), np.int64)
     for j, sl in enumerate(slots):
       s = self.slots[sl]
@@ -231,4 +232,30 @@ def test_jobs_that_arrive_before_the_engine_takes_them_count_free_slots(monkeypa
       for j in jobs: w.submit(j)
       with pytest.raises(W.QueueFull) as e: w.submit(W.Job([5] * 3, 2, Sampling(), [], loop))
       assert e.value.retry_after >= 1 and w.depth() == 2 + len(free), free
+  finally: loop.close()
+
+def test_a_young_stream_decodes_in_short_rounds():
+  """Until a stream has a round of lookahead tokens its rounds are 2 steps, so that a client who arrives just after it
+  (clients that send together reach the queue milliseconds apart) waits for 2 steps, not for lookahead of them, before
+  its prompt runs; then rounds of lookahead (the last one what max_tokens leaves). A job that joins a running one
+  makes the rounds short again."""
+  loop = asyncio.new_event_loop()
+  try:
+    lookahead, max_new = int(np.random.default_rng().integers(4, 9)), 30
+    eng = FakeEngine(slots=2)
+    sched = W.Scheduler(eng, Tok(), Metrics(), lookahead=lookahead)
+    sched.admit(W.Job([5] * 3, max_new, Sampling(), [], loop))
+    while sched.busy(): sched.tick(waiting=False)
+    made, want = 1, []  # the prefill's choice is the first token
+    while made < max_new:
+      k = min(2 if made < lookahead else lookahead, max_new - made); want.append(k); made += k
+    assert eng.rounds == want, (lookahead, eng.rounds, want)
+    eng.rounds.clear()
+    a = W.Job([6] * 3, max_new, Sampling(), [], loop)
+    sched.admit(a)
+    for _ in range(4): sched.tick(waiting=False)  # a alone, past its young rounds
+    assert eng.rounds[-1] == lookahead, eng.rounds
+    sched.admit(W.Job([7] * 3, max_new, Sampling(), [], loop))
+    sched.tick(waiting=False)
+    assert eng.rounds[-1] == 2 and eng.decodes[-1] == (0, 1), (eng.rounds, eng.decodes)
   finally: loop.close()

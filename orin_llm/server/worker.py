@@ -131,7 +131,12 @@ class Scheduler:
     room = min(self.eng.max_context - 1 - len(self.eng.slots[r.slot].cached) for r in gen)
     if len(gen) == 1 and self._speculate(gen[0], room, busy): return
     spec = gen[0].spec if len(gen) == 1 and not busy else None  # a lone job that speculates: plain rounds in its stretches
-    n = max(1, min(2 if busy else spec.stretch(self.lookahead) if spec is not None else self.lookahead,
+    # rounds of 2 while a stream is young (fewer tokens than a round of lookahead): clients that send together reach the
+    # queue milliseconds apart, and one that came after join() waited for the first one's whole round before its prompt
+    # ran (a round of 8 steps: ~10 ms of the 1B on an H200; 4 clients' first token 14.7 ms at the median against 4.8 alone,
+    # docs/PERF.md twenty-sixth session). The next round is still queued ahead of the host's read when no job waits.
+    young = any(r.n < self.lookahead for r in gen)
+    n = max(1, min(2 if busy or young else spec.stretch(self.lookahead) if spec is not None else self.lookahead,
                    max(r.job.max_new - r.n for r in gen), room))
     # constrained runs: a round of one token, whose masks the host computes while the model step runs
     cons = [r for r in gen if r.job.constraint is not None]
