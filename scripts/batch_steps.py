@@ -2,13 +2,17 @@
 """The engine's decode rate with B sequences at once, without the server: each of B slots prefilled with a short
 prompt, then rounds of 16 decode steps of all B (Engine.decode, as the server's worker runs them, the next round
 queued ahead), timed on the host. What a batch step costs on the device, to set beside the load bench's aggregate
-(the server's overhead is the difference).
+(the server's overhead is the difference). Then, for each B, the model step's graph census (its nodes, those whose
+parameters are set again on every call) and the model step and the greedy choice each alone, 200 calls back to back.
   batch_steps.py MODEL [--context 4352] [--max-batch 8] [--sizes 1,2,4,8] [--rounds 8] [--prompt 16]"""
 import argparse, statistics, time
 import numpy as np
 from orin_llm import settings
 settings.search_defaults()  # a BEAM run searches as the server does
+from tinygrad import Device
+from tinygrad.engine.realize import graph_cache
 from orin_llm.engine import Engine, HIST
+from orin_llm.model import ROW_BLOCK
 
 ap = argparse.ArgumentParser(); ap.add_argument("model"); ap.add_argument("--context", type=int, default=4352)
 ap.add_argument("--max-batch", type=int, default=8); ap.add_argument("--sizes", default="1,2,4,8")
@@ -18,6 +22,7 @@ rng = np.random.default_rng()
 eng = Engine(a.model, max_context=a.context, max_batch=a.max_batch)
 V = eng.cfg.vocab_size
 for B in [int(b) for b in a.sizes.split(",")]:
+  assert B == 1 or B in eng.batch_sizes, f"--sizes: {B} is not a compiled batch size ({eng.batch_sizes}, and 1)"
   slots = list(range(B))
   for s in slots: eng.reset(s); eng.prefill(s, rng.integers(0, V, a.prompt).tolist())
   eng.decode(slots, HIST, ahead=True)  # compiles (first use) and warms
@@ -25,7 +30,6 @@ for B in [int(b) for b in a.sizes.split(",")]:
   for _ in range(a.rounds):
     st = time.perf_counter(); eng.decode(slots, HIST, ahead=True); times.append(time.perf_counter() - st)
   step = statistics.median(times) / HIST
-  from tinygrad.engine.realize import graph_cache
   jit = eng.steps.jits["chunk1" if B == 1 else f"batch{B}"]
   calls = jit.captured.linear.src if jit.captured is not None else ()
   runners = [graph_cache.get(c.src[0]) for c in calls if c.src[0].arg == "graph"]
@@ -34,8 +38,6 @@ for B in [int(b) for b in a.sizes.split(",")]:
     print(f"  the model step: {len(calls)} calls, {len(runners)} graphs of {sum(len(r.calls) for r in runners)} nodes, "
           f"{sum(len(r.updatable) for r in runners)} updated each call")
   # the model step and the choice apart, each called back to back at the slots' positions (the same keys written again)
-  from tinygrad import Device
-  from orin_llm.model import ROW_BLOCK
   pos = [len(eng.slots[s].cached) for s in slots]
   if B == 1:
     model = lambda: eng.steps.chunk(1)(eng.v_pos.bind(pos[0]), eng.v_slot.bind(0), eng.v_len.bind(1))
