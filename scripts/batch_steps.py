@@ -14,42 +14,57 @@ from tinygrad.engine.realize import graph_cache
 from orin_llm.engine import Engine, HIST
 from orin_llm.model import ROW_BLOCK
 
-ap = argparse.ArgumentParser(); ap.add_argument("model"); ap.add_argument("--context", type=int, default=4352)
-ap.add_argument("--max-batch", type=int, default=8); ap.add_argument("--sizes", default="1,2,4,8")
-ap.add_argument("--rounds", type=int, default=8); ap.add_argument("--prompt", type=int, default=16)
-a = ap.parse_args()
-rng = np.random.default_rng()
-eng = Engine(a.model, max_context=a.context, max_batch=a.max_batch)
-V = eng.cfg.vocab_size
-for B in [int(b) for b in a.sizes.split(",")]:
-  assert B == 1 or B in eng.batch_sizes, f"--sizes: {B} is not a compiled batch size ({eng.batch_sizes}, and 1)"
+def prefill_slots(eng, B: int, prompt: int, rng) -> list[int]:
+  """Slots 0..B-1 each prefilled with a fresh random prompt of this many tokens (B: 1 or a compiled batch size)."""
+  assert B == 1 or B in eng.batch_sizes, f"{B} rows: the engine compiles batches of {eng.batch_sizes} (and 1)"
   slots = list(range(B))
-  for s in slots: eng.reset(s); eng.prefill(s, rng.integers(0, V, a.prompt).tolist())
-  eng.decode(slots, HIST, ahead=True)  # compiles (first use) and warms
-  times = []
-  for _ in range(a.rounds):
-    st = time.perf_counter(); eng.decode(slots, HIST, ahead=True); times.append(time.perf_counter() - st)
-  step = statistics.median(times) / HIST
-  jit = eng.steps.jits["chunk1" if B == 1 else f"batch{B}"]
-  calls = jit.captured.linear.src if jit.captured is not None else ()
-  runners = [graph_cache.get(c.src[0]) for c in calls if c.src[0].arg == "graph"]
-  runners = [r for r in runners if r is not None and hasattr(r, "updatable")]
-  if runners:  # the model step's graphs: their kernels, and those whose parameters are set again on each call
-    print(f"  the model step: {len(calls)} calls, {len(runners)} graphs of {sum(len(r.calls) for r in runners)} nodes, "
-          f"{sum(len(r.updatable) for r in runners)} updated each call")
-  # the model step and the choice apart, each called back to back at the slots' positions (the same keys written again)
-  pos = [len(eng.slots[s].cached) for s in slots]
+  for s in slots: eng.reset(s); eng.prefill(s, rng.integers(0, eng.cfg.vocab_size, prompt).tolist())
+  return slots
+
+def model_step(eng, B: int):
+  """The captured model step of B rows at the slots' current positions: (its TinyJit, a call of it, its variables'
+  values), bound as Engine.decode binds them (the same keys written again on each call)."""
+  pos = [len(eng.slots[s].cached) for s in range(B)]
   if B == 1:
-    model = lambda: eng.steps.chunk(1)(eng.v_pos.bind(pos[0]), eng.v_slot.bind(0), eng.v_len.bind(1))
-    choose = lambda: eng.steps.choose("one", True)(eng.v_pos.bind(pos[0] + 1), eng.v_slot.bind(0), eng.v_row.bind(0))
+    vals = {eng.v_pos: pos[0], eng.v_slot: 0, eng.v_len: 1}
+    jit = eng.steps.chunk(1)
   else:
-    model = lambda: eng.steps.batch(B)(*[v.bind(p) for v, p in zip(eng.v_rows, pos)], eng.v_blocks.bind((max(pos) + ROW_BLOCK) // ROW_BLOCK))
-    choose = lambda: eng.steps.choose(f"batch{B}", True)(*[v.bind(p + 1) for v, p in zip(eng.v_rows, pos)], eng.v_row.bind(0))
-  for name, fn in (("model step", model), ("greedy choice", choose)):
-    fn(); Device[eng.device].synchronize()
-    st = time.perf_counter()
-    for _ in range(200): fn()
-    Device[eng.device].synchronize()
-    print(f"  {name} alone: {(time.perf_counter() - st) / 200 * 1e3:.3f} ms a call (200 back to back)")
-  print(f"B={B}: {step * 1e3:.3f} ms a step (median of {a.rounds} rounds of {HIST}; spread "
-        f"{min(times) / HIST * 1e3:.3f}-{max(times) / HIST * 1e3:.3f}), {B / step:.0f} tokens/s in all", flush=True)
+    vals = dict(zip(eng.v_rows, pos)) | {eng.v_blocks: (max(pos) + ROW_BLOCK) // ROW_BLOCK}
+    jit = eng.steps.batch(B)
+  return jit, lambda: jit(*[v.bind(p) for v, p in vals.items()]), {v.expr: p for v, p in vals.items()}
+
+def main():
+  ap = argparse.ArgumentParser(); ap.add_argument("model"); ap.add_argument("--context", type=int, default=4352)
+  ap.add_argument("--max-batch", type=int, default=8); ap.add_argument("--sizes", default="1,2,4,8")
+  ap.add_argument("--rounds", type=int, default=8); ap.add_argument("--prompt", type=int, default=16)
+  a = ap.parse_args()
+  rng = np.random.default_rng()
+  eng = Engine(a.model, max_context=a.context, max_batch=a.max_batch)
+  for B in [int(b) for b in a.sizes.split(",")]:
+    slots = prefill_slots(eng, B, a.prompt, rng)
+    eng.decode(slots, HIST, ahead=True)  # compiles (first use) and warms
+    times = []
+    for _ in range(a.rounds):
+      st = time.perf_counter(); eng.decode(slots, HIST, ahead=True); times.append(time.perf_counter() - st)
+    step = statistics.median(times) / HIST
+    jit, model, _ = model_step(eng, B)
+    calls = jit.captured.linear.src if jit.captured is not None else ()
+    runners = [graph_cache.get(c.src[0]) for c in calls if c.src[0].arg == "graph"]
+    runners = [r for r in runners if r is not None and hasattr(r, "updatable")]
+    if runners:  # the model step's graphs: their kernels, and those whose parameters are set again on each call
+      print(f"  the model step: {len(calls)} calls, {len(runners)} graphs of {sum(len(r.calls) for r in runners)} nodes, "
+            f"{sum(len(r.updatable) for r in runners)} updated each call")
+    # the model step and the choice apart, each called back to back at the slots' positions
+    pos = [len(eng.slots[s].cached) for s in slots]
+    if B == 1: choose = lambda: eng.steps.choose("one", True)(eng.v_pos.bind(pos[0] + 1), eng.v_slot.bind(0), eng.v_row.bind(0))
+    else: choose = lambda: eng.steps.choose(f"batch{B}", True)(*[v.bind(p + 1) for v, p in zip(eng.v_rows, pos)], eng.v_row.bind(0))
+    for name, fn in (("model step", model), ("greedy choice", choose)):
+      fn(); Device[eng.device].synchronize()
+      st = time.perf_counter()
+      for _ in range(200): fn()
+      Device[eng.device].synchronize()
+      print(f"  {name} alone: {(time.perf_counter() - st) / 200 * 1e3:.3f} ms a call (200 back to back)")
+    print(f"B={B}: {step * 1e3:.3f} ms a step (median of {a.rounds} rounds of {HIST}; spread "
+          f"{min(times) / HIST * 1e3:.3f}-{max(times) / HIST * 1e3:.3f}), {B / step:.0f} tokens/s in all", flush=True)
+
+if __name__ == "__main__": main()

@@ -19,7 +19,7 @@ from tinygrad.engine.jit import graph_split_rewrite
 from tinygrad.helpers import JIT_BATCH_SIZE
 from tinygrad.engine.realize import run_linear
 from orin_llm.engine import Engine, HIST
-from orin_llm.model import ROW_BLOCK
+from batch_steps import prefill_slots, model_step
 
 def kernels(linear: UOp) -> list[UOp]:
   """The step's calls in order, each graph's calls in its place."""
@@ -46,17 +46,9 @@ def main():
   ap.add_argument("--prompt", type=int, default=16)
   a = ap.parse_args()
   eng, B = Engine(a.model, max_context=a.context, max_batch=a.max_batch), a.rows
-  assert B == 1 or B in eng.batch_sizes, f"--rows {B}: the engine compiles batches of {eng.batch_sizes} (and 1)"
-  slots, rng = list(range(B)), np.random.default_rng()
-  for s in slots: eng.reset(s); eng.prefill(s, rng.integers(0, eng.cfg.vocab_size, a.prompt).tolist())
+  slots = prefill_slots(eng, B, a.prompt, np.random.default_rng())
   eng.decode(slots, HIST)  # captures the step
-  pos = [len(eng.slots[s].cached) for s in slots]
-  if B == 1:
-    jit = eng.steps.jits["chunk1"]
-    var_vals = {eng.v_pos.expr: pos[0], eng.v_slot.expr: 0, eng.v_len.expr: 1}
-  else:
-    jit = eng.steps.jits[f"batch{B}"]
-    var_vals = {v.expr: p for v, p in zip(eng.v_rows, pos)} | {eng.v_blocks.expr: (max(pos) + ROW_BLOCK) // ROW_BLOCK}
+  jit, _, var_vals = model_step(eng, B)
   calls = kernels(jit.captured.linear)
   dev = Device[eng.device]
   graph = dev.graph is not None
