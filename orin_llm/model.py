@@ -201,7 +201,13 @@ class Fused:
       members = members[n:]
   def __call__(self, x: Tensor) -> list[Tensor]:
     out = []
-    for wt in self.parts: out += wt(x).split(list(wt.splits), dim=-1) if wt.splits else [wt(x)]
+    for wt in self.parts:
+      y = wt(x)
+      # a part of several in the affine form gets a kernel of its own: alone (Q4_K_M's Q6_K attn_v beside attn_q+attn_k),
+      # tinygrad fused it into the kernel storing the keys and values, which tinygrad's heuristic (patch 0039) does not lay
+      # out: one thread a weight row, the 8B Q4_K_M's decode 17% slower (docs/PERF.md, twenty-seventh session)
+      if len(self.parts) > 1 and wt.affine(x): y = y.contiguous()
+      out += y.split(list(wt.splits), dim=-1) if wt.splits else [y]
     return out
 
 class Block:

@@ -182,6 +182,49 @@ def dequantize(planes: dict[str, Tensor], qtype: QT) -> Tensor:
     return (u - 32) * _per_group(scale, 16)
   raise ValueError(f"unsupported tensor type {qtype.name}")
 
+def affine(planes: dict[str, Tensor], qtype: QT) -> tuple[Tensor, Tensor, Tensor | None, int]:
+  """The weights as w[o, g*G + j] = a[o, g] * u[o, g*G + j] + b[o, g]: (u as exact floats (O, I), a (O, I/G), b (O, I/G)
+  or None, G). A zero point that is a multiple of the scale (Q6_K's 32, Q8_0's 128, Q4_0's 8, Q5_0's 16) is subtracted from
+  u (exactly: int_to_float's subtraction takes it) and b is None; the K-quants' and Q4_1/Q5_1's own minimum stays in b."""
+  if qtype == QT.Q8_0: u, zero = _unpack(planes["q8"], 8), 128
+  else: u, zero = _unpack(planes["q4"], 4), {QT.Q4_0: 8, QT.Q5_0: 16, QT.Q6_K: 32}.get(qtype, 0)
+  if "qh1" in planes: u = u | (_unpack(planes["qh1"], 1) << 4)
+  if "qh2" in planes: u = u | (_unpack(planes["qh2"], 2) << 4)
+  u = (u | 0x4B000000).bitcast(dtypes.float32) - (8388608.0 + zero)
+  d = planes["d"].cast(dtypes.float32)
+  if qtype in _BLOCK32: return u, d, (planes["m"].cast(dtypes.float32) if "m" in planes else None), 32
+  if qtype in (QT.Q4_K, QT.Q5_K):
+    sc, mn = int_to_float(_unpack(planes["sc"], 8)), int_to_float(_unpack(planes["mn"], 8))
+    return u, _per_group(d, 8) * sc, -(_per_group(planes["dmin"].cast(dtypes.float32), 8) * mn), 32
+  if qtype == QT.Q6_K: return u, _per_group(d, 16) * (int_to_float(_unpack(planes["sc"], 8)) - 128), None, 16
+  raise ValueError(f"no affine form for {qtype.name}")
+
+# A single row's product (decode) in the affine form: each group's scale taken out of its sum, so that an element costs
+# an int-to-float and one multiply-add rather than two multiply-adds (tinygrad patch 0039 lays the two nested sums out).
+# Measured on an H200 at BEAM=0 against one sum (docs/PERF.md, twenty-seventh session):
+# - the 1B Q6_K file: decode 763 -> 866 tok/s at depth 0 (+13.5%), 673 -> 752 at 4096 (+11.7%), the same greedy tokens;
+#   alone with a cold L2, the 1B's gate+up 30.9-37.7 -> 28.2-32.4 us, its ffn_down 30.1 -> 27.8;
+# - the 8B Q4_K_M file (its Q6_K products in this form, model.Fused giving a lone one its own kernel): 181.5 -> 188.7 at
+#   depth 0, 169.5 -> 175.5 at 4096.
+# ORIN_LLM_AFFINE=0: off (part of the steps file's key). The few-row products (batches, verify steps) keep one sum:
+# patch 0038's layouts were measured for it.
+AFFINE = os.environ.get("ORIN_LLM_AFFINE", "1") != "0"
+# The types that take it. Q6_K: measured above. Q8_0, Q4_0 and Q5_0 fold their zero point into the int-to-float too
+# (affine() gives them no b; exact on the CPU) but are not measured on a GPU yet. A minimum of its own (Q4_K, Q5_K, Q4_1,
+# Q5_1) needs each group's sum of the input, which tinygrad computes in a small kernel of its own for each input: the
+# 8B Q4_K_M's Q4_K products in this form made 432 -> 544 kernels a token and its decode 8.7% slower.
+AFFINE_TYPES = (QT.Q6_K,)
+
+def affine_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
+  """x (T, I) @ W.T with W's scale taken out of the sum over each group: per element an int-to-float and one
+  multiply-add, per group a multiply by a (and, with a minimum, b times the group's sum of x)."""
+  u, a, b, G = affine(planes, qtype)
+  O, I = u.shape
+  xg = x.reshape(x.shape[0], 1, I // G, G)
+  out = (xg * u.reshape(1, O, I // G, G)).sum(-1) * a
+  if b is not None: out = out + xg.sum(-1) * b
+  return out.sum(-1)
+
 # rows of input from which a weight is applied as a float16 matrix product on tensor cores rather than dequantized
 # inside the reduction (QuantWeight.__call__). A chunk of 32 rows took 12.8 ms dequantizing inside, 6.2 ms as
 # matrices (H100, 1B Q6_K, docs/PERF.md, sixth session); decode and verify rows (at most 16) stay below it
@@ -250,6 +293,9 @@ class QuantWeight:
     # a float16 matrix is its own copy (its plane), no second one
     self.dense = self.planes["w"] if self.qtype == QT.F16 else self.weights().cast(dtypes.float16).contiguous().realize()
   def weights(self) -> Tensor: return dequantize(self.planes, self.qtype)
+  def affine(self, x: Tensor) -> bool:
+    """Whether the product with x runs in the affine form (AFFINE: a single row of a type in AFFINE_TYPES)."""
+    return AFFINE and x.shape[0] == 1 and self.qtype in AFFINE_TYPES
   def rows_of(self, idx: Tensor) -> Tensor:
     """Dequantized rows idx (an int tensor of any shape) -> (*idx.shape, cols): the embedding lookup."""
     return dequantize({k: p[idx] for k, p in self.planes.items()}, self.qtype)
@@ -273,4 +319,5 @@ class QuantWeight:
       L = self.cols // S
       xs, ws = x16.reshape(-1, S, L).permute(1, 0, 2), w.reshape(self.rows, S, L).permute(1, 2, 0)
       return xs.matmul(ws, dtype=dtypes.float32).contiguous().sum(0)
+    if self.affine(x): return affine_product(x, self.planes, self.qtype)
     return (x.unsqueeze(-2) * self.weights()).sum(-1)

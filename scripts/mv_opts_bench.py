@@ -17,15 +17,18 @@ from tinygrad.codegen.opt.heuristic import hand_coded_optimizations
 from tinygrad.codegen.opt.search import _try_compile, _time_program, _ensure_buffer_alloc
 from tinygrad.engine.worker import imap_unordered_watched
 sys.path.insert(0, ".")
-from orin_llm.quant import QuantWeight, _FAST_PLANES
+from orin_llm.quant import QuantWeight, _FAST_PLANES, affine_product
 
-def matvec_ast(O: int, K: int, R: int, qt: QT, ren):
+def matvec_ast(O: int, K: int, R: int, qt: QT, ren, form: str = "plain"):
   """The product kernel's AST as the heuristic and BEAM see it: after full_rewrite_to_sink's passes before apply_opts
-  (ranges split by the planes' indexing: e.g. Q6_K 2048 = 32 x 4 x 2 x 8), captured there."""
+  (ranges split by the planes' indexing: e.g. Q6_K 2048 = 32 x 4 x 2 x 8), captured there. form "affine": the product
+  with each group's scale taken out of its sum (quant.affine_product), else QuantWeight's."""
   import tinygrad.codegen as cg
   planes = {n: Tensor.empty(O, K // 256 * w, dtype=dtypes.uint32 if dt is np.uint32 else dtypes.float16)
             for n, w, dt in _FAST_PLANES[qt]}
-  y = QuantWeight(qt, O, K, planes)(Tensor.empty(R, K))
+  x = Tensor.empty(R, K)
+  # (plain: the one sum QuantWeight takes for a few rows, whatever quant.AFFINE does with a single one)
+  y = affine_product(x, planes, qt) if form == "affine" else (x.unsqueeze(-2) * QuantWeight(qt, O, K, planes).weights()).sum(-1)
   sinks = [c.src[0] for c in y.linear_with_vars()[0].src if c.src[0].op is Ops.SINK]
   ast, seen, orig = max(sinks, key=lambda s: len(s.backward_slice)), [], cg.apply_opts  # the product, not a cast or copy around it
   cg.apply_opts = lambda sink, ren, beam=0: (seen.append(sink), orig(sink, ren, beam))[1]
@@ -66,12 +69,16 @@ def main():
   ap.add_argument("--cnt", type=int, default=20)
   ap.add_argument("--top", type=int, default=12)
   ap.add_argument("--json")
+  ap.add_argument("--form", choices=("plain", "affine"), default="plain", help="the product's expression (matvec_ast)")
+  ap.add_argument("--opts", action="append", default=[], help="an opt list to time beside the hand-coded opts, e.g. "
+                  "LOCAL:0:4,GROUP:0:32,UNROLL:2:0 (Scheduler.apply_opt's axes); with --no-grid, instead of the grid")
+  ap.add_argument("--no-grid", action="store_true")
   a = ap.parse_args()
   ren, rows_out = Device[Device.DEFAULT].renderer, []
   for spec in a.shape:
     dims, qt = spec.split(":")
     O, K, R = map(int, dims.split("x"))
-    ast = matvec_ast(O, K, R, QT[qt], ren)
+    ast = matvec_ast(O, K, R, QT[qt], ren, a.form)
     k0 = Scheduler(ast, ren); k0.convert_loop_to_global()
     rawbufs, var_vals = args_from_ast(ast, ren.target.device)
     rawbufs = _ensure_buffer_alloc(rawbufs)
@@ -85,7 +92,13 @@ def main():
     if saved is None: del os.environ["MV_ROWS_FIRST"]
     else: os.environ["MV_ROWS_FIRST"] = saved
     getenv.cache_clear()
-    cands += grid(k0)
+    for ol in a.opts:
+      k = k0.copy()
+      try:
+        for o in ol.split(","): op, ax, arg = o.split(":"); k.apply_opt(Opt(OptOps[op], int(ax), int(arg)))
+      except KernelOptError as e: print(f"{spec}: {ol}: {e}", file=sys.stderr); continue
+      cands.append(k)
+    if not a.no_grid: cands += grid(k0)
     st, results = time.perf_counter(), []
     for i, proc in imap_unordered_watched(_try_compile, list(enumerate(cands)), 60.0):
       if proc is None: continue
@@ -99,7 +112,7 @@ def main():
     bytes_ = sum(b.nbytes for b in rawbufs)
     results.sort(key=lambda r: r["median_us"])
     hs = [r for r in results if r["heuristic"]]
-    print(f"\n{spec}: {len(results)} of {len(cands)} candidates timed in {time.perf_counter() - st:.1f} s; buffers {bytes_ / 1e6:.1f} MB")
+    print(f"\n{spec} ({a.form}): {len(results)} of {len(cands)} candidates timed in {time.perf_counter() - st:.1f} s; buffers {bytes_ / 1e6:.1f} MB")
     for r in results[:a.top] + [h for h in hs if h not in results[:a.top]]:
       gbs = bytes_ / (r["median_us"] * 1e-6) / 1e9
       print(f"  {r['heuristic'] or ' '} {r['median_us']:9.2f} us (min {r['min_us']:9.2f}, warm {r['warm_median_us']:9.2f}) {gbs:7.0f} GB/s  "

@@ -38,3 +38,21 @@ def test_planes_take_about_the_file_size(rng):
     ratio = sum(p.nbytes for p in planes.values()) / raw.nbytes
     assert ratio <= 1.04, (qt.name, ratio)  # K-quants widen their 6-bit scales to 8 bits: +3%
 
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1])
+def test_affine_product_matches_gguf(qtype, rng):
+  """quant.affine_product (each group's scale taken out of its sum; ORIN_LLM_AFFINE) against gguf's own dequantization
+  in float64, on fresh random blocks with finite scales and a fresh random input."""
+  from gguf import GGML_QUANT_SIZES
+  from gguf.quants import dequantize as gguf_dequantize
+  from orin_llm.quant import QuantWeight, affine_product
+  O, K, R = 8, 512, 3
+  block, bsize = GGML_QUANT_SIZES[qtype]
+  raw = rng.integers(0, 256, size=(O * K // block, bsize), dtype=np.uint8)
+  halves = {QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q4_1: (0, 2), QT.Q5_1: (0, 2), QT.Q6_K: (bsize - 2, 1)}.get(qtype, (0, 1))
+  raw[:, halves[0]:halves[0] + 2 * halves[1]] = rng.uniform(1e-3, 1e-2, size=(raw.shape[0], halves[1])).astype(np.float16).view(np.uint8)
+  x = rng.normal(size=(R, K)).astype(np.float32)
+  qw = QuantWeight.from_raw(raw.reshape(-1), qtype, O, K, "CPU")
+  y = affine_product(Tensor(x, device="CPU"), qw.planes, qtype).numpy()
+  ref = x.astype(np.float64) @ gguf_dequantize(raw.reshape(O, -1), qtype).astype(np.float64).T
+  assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-5

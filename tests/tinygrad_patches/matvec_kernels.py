@@ -31,7 +31,7 @@ RENDER = textwrap.dedent('''
     print(json.dumps({"opts": [[o.op.name, o.axis, o.arg] for o in sink.arg.applied_opts],
                       "uint4": f"(uint4*)(({plane}" in src, "scalar": f"(*({plane}+" in src,  # the 4-bit plane's loads
                       "float4_input": "(float4*)((data1" in src,  # the input rows' loads
-                      "loops": src.count("for (")}))
+                      "loops": src.count("for ("), "uint4_any": "(uint4*)" in src}))
 ''')
 
 PRODUCT = textwrap.dedent('''
@@ -53,14 +53,18 @@ PRODUCT = textwrap.dedent('''
   print(np.abs(y - ref).max() / np.abs(ref).max())
 ''')
 
+# a single row's product as one sum (QuantWeight's plain form), unless the caller's env sets ORIN_LLM_AFFINE: the layouts
+# these tests pin are those of one sum (0039 lays out the affine form's two)
+PLAIN = {"ORIN_LLM_AFFINE": "0"}
+
 def kernels(O: int, K: int, R: int, qtype: str, env: dict) -> list[dict]:
-  r = subprocess.run([sys.executable, "-c", RENDER, str(O), str(K), str(R), qtype], env=env | {"DEV": "CPU"},
+  r = subprocess.run([sys.executable, "-c", RENDER, str(O), str(K), str(R), qtype], env=PLAIN | env | {"DEV": "CPU"},
                      capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
   return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
 
 def product_error(qtype: str, K: int, R: int, env: dict) -> tuple[float, bool]:
-  out = subprocess.run([sys.executable, "-c", PRODUCT, qtype, str(K), str(R)], env=env | {"DEV": "PYTHON::sm_87", "DEBUG": "3"},
+  out = subprocess.run([sys.executable, "-c", PRODUCT, qtype, str(K), str(R)], env=PLAIN | env | {"DEV": "PYTHON::sm_87", "DEBUG": "3"},
                        capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-2000:]
-  return float(out.stdout.strip().splitlines()[-1]), "MATVEC:" in out.stdout + out.stderr
+  return float(out.stdout.strip().splitlines()[-1]), "MATVEC" in out.stdout + out.stderr  # either branch: one sum or nested (0039)
