@@ -208,7 +208,12 @@ def affine(planes: dict[str, Tensor], qtype: QT) -> tuple[Tensor, Tensor, Tensor
 #   depth 0, 169.5 -> 175.5 at 4096.
 # ORIN_LLM_AFFINE=0: off (part of the steps file's key). The few-row products (batches, verify steps) keep one sum:
 # patch 0038's layouts were measured for it.
-AFFINE = os.environ.get("ORIN_LLM_AFFINE", "1") != "0"
+def affine_switch(env=os.environ) -> bool:
+  """ORIN_LLM_AFFINE: 1 (default) or 0."""
+  raw = env.get("ORIN_LLM_AFFINE", "1").strip()
+  if raw not in ("0", "1"): raise OrinError(f"ORIN_LLM_AFFINE={raw!r}: 0 (off) or 1 (on, the default) is needed")
+  return raw == "1"
+AFFINE = affine_switch()
 # The types that take it. Q6_K: measured above. Q8_0, Q4_0 and Q5_0 fold their zero point into the int-to-float too
 # (affine() gives them no b; exact on the CPU) but are not measured on a GPU yet. A minimum of its own (Q4_K, Q5_K, Q4_1,
 # Q5_1) needs each group's sum of the input, which tinygrad computes in a small kernel of its own for each input: the

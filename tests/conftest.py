@@ -48,6 +48,15 @@ def without_inner_unroll():
   yield from _module_env(MV_INNER_UNROLL="0", MV_ROWS_FIRST="0")
 
 @pytest.fixture(scope="module")
+def one_sum():
+  """quant.AFFINE off for a module whose tests pin the layouts of a single row's product as one sum (the matvec patches
+  before 0039); quant reads ORIN_LLM_AFFINE once, at import, so the module's attribute is set."""
+  from orin_llm import quant
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(quant, "AFFINE", False)
+    yield
+
+@pytest.fixture(scope="module")
 def without_rows_first():
   """MV_ROWS_FIRST=0 for a module whose tests pin the row layout of the matvec patches before 0022 (0013, 0020)."""
   yield from _module_env(MV_ROWS_FIRST="0")

@@ -56,3 +56,9 @@ def test_affine_product_matches_gguf(qtype, rng):
   y = affine_product(Tensor(x, device="CPU"), qw.planes, qtype).numpy()
   ref = x.astype(np.float64) @ gguf_dequantize(raw.reshape(O, -1), qtype).astype(np.float64).T
   assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-5
+
+def test_affine_switch_takes_0_or_1():
+  from orin_llm.errors import OrinError
+  from orin_llm.quant import affine_switch
+  assert affine_switch({}) is True and affine_switch({"ORIN_LLM_AFFINE": "0"}) is False and affine_switch({"ORIN_LLM_AFFINE": "1"}) is True
+  with pytest.raises(OrinError, match="ORIN_LLM_AFFINE"): affine_switch({"ORIN_LLM_AFFINE": "off"})

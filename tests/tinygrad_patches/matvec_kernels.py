@@ -67,4 +67,11 @@ def product_error(qtype: str, K: int, R: int, env: dict) -> tuple[float, bool]:
   out = subprocess.run([sys.executable, "-c", PRODUCT, qtype, str(K), str(R)], env=PLAIN | env | {"DEV": "PYTHON::sm_87", "DEBUG": "3"},
                        capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-2000:]
-  return float(out.stdout.strip().splitlines()[-1]), "MATVEC" in out.stdout + out.stderr  # either branch: one sum or nested (0039)
+  return float(out.stdout.strip().splitlines()[-1]), "MATVEC:" in out.stdout + out.stderr
+
+def product_error_nested(qtype: str, K: int, R: int, env: dict) -> tuple[float, bool]:
+  """product_error, and whether 0039 laid the product out (it prints once its opts applied)."""
+  out = subprocess.run([sys.executable, "-c", PRODUCT, qtype, str(K), str(R)], env=PLAIN | env | {"DEV": "PYTHON::sm_87", "DEBUG": "3"},
+                       capture_output=True, text=True, timeout=900)
+  assert out.returncode == 0, out.stderr[-2000:]
+  return float(out.stdout.strip().splitlines()[-1]), "MATVEC NESTED:" in out.stdout + out.stderr

@@ -2,7 +2,7 @@
 product, quant.affine_product: sum_g a[g] * sum_j x[g, j] * u[g, j]) gets a matvec's layout: lanes on the outer sum,
 its innermost range first, the inner sum's ranges unrolled whole, two groups a thread's step, 4 weight rows a block. Without it the
 inner sum took the heuristic's rules: one thread a weight row (the 8B's gate+up 274 us against 51.7, timed alone on an
-H200; docs/PERF.md, twenty-seventh session). 0001-0038: the layout tests fail.
+H200; docs/PERF.md, twenty-seventh session). 0001-0038: the layout tests and the product's layout check fail.
 No GPU needed for the opts (a renderer constructed without a device); the numerics run on tinygrad's CUDA-flavoured
 emulator against gguf's own dequantization in float64, on fresh random blocks."""
 import os
@@ -39,5 +39,5 @@ def test_one_sum_is_unchanged():
 
 @pytest.mark.parametrize("qtype", ["Q6_K"])
 def test_product_in_groups_matches_gguf(qtype):
-  err, laid_out = matvec_kernels.product_error(qtype, 2048, 1, BASE)
+  err, laid_out = matvec_kernels.product_error_nested(qtype, 2048, 1, BASE)
   assert laid_out and err < 1e-5
