@@ -156,6 +156,13 @@ def _per_group(p: Tensor, group: int) -> Tensor:
 # (None: Q4_1 and Q5_1 add a float16 min per block instead)
 _BLOCK32 = {QT.Q4_0: 8, QT.Q5_0: 16, QT.Q8_0: 128, QT.Q4_1: None, QT.Q5_1: None}
 
+def _codes(planes: dict[str, Tensor], qtype: QT) -> Tensor:
+  """The unsigned integer code u of every element (..., I) of a quantized type's planes."""
+  u = _unpack(planes["q8"], 8) if qtype == QT.Q8_0 else _unpack(planes["q4"], 4)
+  if "qh1" in planes: u = u | (_unpack(planes["qh1"], 1) << 4)
+  if "qh2" in planes: u = u | (_unpack(planes["qh2"], 2) << 4)
+  return u
+
 def dequantize(planes: dict[str, Tensor], qtype: QT) -> Tensor:
   """The float32 weights (..., I) the planes encode, as a lazy tinygrad expression (fused into its consumer)."""
   if qtype == QT.F32: return planes["w"]
@@ -164,11 +171,7 @@ def dequantize(planes: dict[str, Tensor], qtype: QT) -> Tensor:
     w = planes["w2"]
     both = (w.unsqueeze(-1) << Tensor([16, 0], dtype=dtypes.uint32, device=w.device)) & 0xFFFF0000
     return both.bitcast(dtypes.float32).reshape(*w.shape[:-1], w.shape[-1] * 2)
-  if qtype == QT.Q8_0: u = _unpack(planes["q8"], 8)
-  else: u = _unpack(planes["q4"], 4)
-  if "qh1" in planes: u = u | (_unpack(planes["qh1"], 1) << 4)
-  if "qh2" in planes: u = u | (_unpack(planes["qh2"], 2) << 4)
-  u = int_to_float(u)
+  u = int_to_float(_codes(planes, qtype))
   d = planes["d"].cast(dtypes.float32)
   if qtype in _BLOCK32:
     if qtype in (QT.Q4_1, QT.Q5_1): return u * _per_group(d, 32) + _per_group(planes["m"].cast(dtypes.float32), 32)
@@ -186,11 +189,8 @@ def affine(planes: dict[str, Tensor], qtype: QT) -> tuple[Tensor, Tensor, Tensor
   """The weights as w[o, g*G + j] = a[o, g] * u[o, g*G + j] + b[o, g]: (u as exact floats (O, I), a (O, I/G), b (O, I/G)
   or None, G). A zero point that is a multiple of the scale (Q6_K's 32, Q8_0's 128, Q4_0's 8, Q5_0's 16) is subtracted from
   u (exactly: int_to_float's subtraction takes it) and b is None; the K-quants' and Q4_1/Q5_1's own minimum stays in b."""
-  if qtype == QT.Q8_0: u, zero = _unpack(planes["q8"], 8), 128
-  else: u, zero = _unpack(planes["q4"], 4), {QT.Q4_0: 8, QT.Q5_0: 16, QT.Q6_K: 32}.get(qtype, 0)
-  if "qh1" in planes: u = u | (_unpack(planes["qh1"], 1) << 4)
-  if "qh2" in planes: u = u | (_unpack(planes["qh2"], 2) << 4)
-  u = (u | 0x4B000000).bitcast(dtypes.float32) - (8388608.0 + zero)
+  zero = {QT.Q8_0: 128, QT.Q4_0: 8, QT.Q5_0: 16, QT.Q6_K: 32}.get(qtype, 0)
+  u = (_codes(planes, qtype) | 0x4B000000).bitcast(dtypes.float32) - (8388608.0 + zero)  # int_to_float, the zero point in its subtraction
   d = planes["d"].cast(dtypes.float32)
   if qtype in _BLOCK32: return u, d, (planes["m"].cast(dtypes.float32) if "m" in planes else None), 32
   if qtype in (QT.Q4_K, QT.Q5_K):

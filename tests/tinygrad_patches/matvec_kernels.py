@@ -31,7 +31,7 @@ RENDER = textwrap.dedent('''
     print(json.dumps({"opts": [[o.op.name, o.axis, o.arg] for o in sink.arg.applied_opts],
                       "uint4": f"(uint4*)(({plane}" in src, "scalar": f"(*({plane}+" in src,  # the 4-bit plane's loads
                       "float4_input": "(float4*)((data1" in src,  # the input rows' loads
-                      "loops": src.count("for ("), "uint4_any": "(uint4*)" in src}))
+                      "loops": src.count("for (")}))
 ''')
 
 PRODUCT = textwrap.dedent('''
@@ -63,15 +63,10 @@ def kernels(O: int, K: int, R: int, qtype: str, env: dict) -> list[dict]:
   assert r.returncode == 0, r.stderr[-3000:]
   return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
 
-def product_error(qtype: str, K: int, R: int, env: dict) -> tuple[float, bool]:
+def product_error(qtype: str, K: int, R: int, env: dict, marker: str = "MATVEC:") -> tuple[float, bool]:
+  """The product's error, and whether the heuristic printed `marker` at DEBUG=3 (0003's "MATVEC:" for one sum; 0039's
+  "MATVEC NESTED:", printed once its opts applied)."""
   out = subprocess.run([sys.executable, "-c", PRODUCT, qtype, str(K), str(R)], env=PLAIN | env | {"DEV": "PYTHON::sm_87", "DEBUG": "3"},
                        capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-2000:]
-  return float(out.stdout.strip().splitlines()[-1]), "MATVEC:" in out.stdout + out.stderr
-
-def product_error_nested(qtype: str, K: int, R: int, env: dict) -> tuple[float, bool]:
-  """product_error, and whether 0039 laid the product out (it prints once its opts applied)."""
-  out = subprocess.run([sys.executable, "-c", PRODUCT, qtype, str(K), str(R)], env=PLAIN | env | {"DEV": "PYTHON::sm_87", "DEBUG": "3"},
-                       capture_output=True, text=True, timeout=900)
-  assert out.returncode == 0, out.stderr[-2000:]
-  return float(out.stdout.strip().splitlines()[-1]), "MATVEC NESTED:" in out.stdout + out.stderr
+  return float(out.stdout.strip().splitlines()[-1]), marker in out.stdout + out.stderr

@@ -39,5 +39,5 @@ def test_one_sum_is_unchanged():
 
 @pytest.mark.parametrize("qtype", ["Q6_K"])
 def test_product_in_groups_matches_gguf(qtype):
-  err, laid_out = matvec_kernels.product_error_nested(qtype, 2048, 1, BASE)
+  err, laid_out = matvec_kernels.product_error(qtype, 2048, 1, BASE, marker="MATVEC NESTED:")
   assert laid_out and err < 1e-5
