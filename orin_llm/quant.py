@@ -200,25 +200,33 @@ def affine(planes: dict[str, Tensor], qtype: QT) -> tuple[Tensor, Tensor, Tensor
   raise ValueError(f"no affine form for {qtype.name}")
 
 # A single row's product (decode) in the affine form: each group's scale taken out of its sum, so that an element costs
-# an int-to-float and one multiply-add rather than two multiply-adds (tinygrad patch 0039 lays the two nested sums out).
-# Measured on an H200 at BEAM=0 against one sum (docs/PERF.md, twenty-seventh session):
+# an int-to-float and one multiply-add rather than two multiply-adds (tinygrad patches 0039 and 0040 lay the nested sums
+# out). Measured on an H200 at BEAM=0 against one sum (docs/PERF.md, twenty-seventh and twenty-eighth sessions):
 # - the 1B Q6_K file: decode 763 -> 866 tok/s at depth 0 (+13.5%), 673 -> 752 at 4096 (+11.7%), the same greedy tokens;
 #   alone with a cold L2, the 1B's gate+up 30.9-37.7 -> 28.2-32.4 us, its ffn_down 30.1 -> 27.8;
-# - the 8B Q4_K_M file (its Q6_K products in this form, model.Fused giving a lone one its own kernel): 181.5 -> 188.7 at
-#   depth 0, 169.5 -> 175.5 at 4096.
-# ORIN_LLM_AFFINE=0: off (part of the steps file's key). The few-row products (batches, verify steps) keep one sum:
-# patch 0038's layouts were measured for it.
-def affine_switch(env=os.environ) -> bool:
-  """ORIN_LLM_AFFINE: 1 (default) or 0."""
+# - the 8B Q4_K_M file, its Q6_K products in this form (model.Fused giving a lone one its own kernel): 181.5 -> 188.7 at
+#   depth 0; its Q4_K products too: 187.9 -> 227.9 (+21%), 174.5 -> 209.2 at 4096 (+20%); the 1B Q4_K_M: 752 -> 886
+#   (+18%), 661 -> 762 (+15%);
+# - Qwen3-0.6B Q8_0: 757 -> 828 (+9%), 619 -> 668 at 4096 (+8%).
+# The types that take it by default: those measured. Q4_0 and Q5_0 fold their zero point into the int-to-float as Q8_0
+# does, Q5_K, Q4_1 and Q5_1 keep a minimum of their own as Q4_K does (each group's sum of the input, summed inside the
+# product's kernel: patch 0040); all are exact on the CPU, none is measured on a GPU.
+AFFINE_DEFAULT = (QT.Q6_K, QT.Q4_K, QT.Q8_0)
+AFFINE_ABLE = (QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K)
+# ORIN_LLM_AFFINE: 1 (the default types), 0 (off) or the types by name ("Q6_K,Q4_K"), part of the steps file's key as in
+# effect. The few-row products (batches, verify steps) keep one sum: patch 0038's layouts were measured for it.
+def affine_types(env=os.environ) -> tuple[QT, ...]:
+  """The types whose single-row products run in the affine form, from ORIN_LLM_AFFINE."""
   raw = env.get("ORIN_LLM_AFFINE", "1").strip()
-  if raw not in ("0", "1"): raise OrinError(f"ORIN_LLM_AFFINE={raw!r}: 0 (off) or 1 (on, the default) is needed")
-  return raw == "1"
-AFFINE = affine_switch()
-# The types that take it. Q6_K: measured above. Q8_0, Q4_0 and Q5_0 fold their zero point into the int-to-float too
-# (affine() gives them no b; exact on the CPU) but are not measured on a GPU yet. A minimum of its own (Q4_K, Q5_K, Q4_1,
-# Q5_1) needs each group's sum of the input, which tinygrad computes in a small kernel of its own for each input: the
-# 8B Q4_K_M's Q4_K products in this form made 432 -> 544 kernels a token and its decode 8.7% slower.
-AFFINE_TYPES = (QT.Q6_K,)
+  if raw == "1": return AFFINE_DEFAULT
+  if raw == "0": return ()
+  names = [n.strip().upper() for n in raw.split(",") if n.strip()]
+  able = {t.name: t for t in AFFINE_ABLE}
+  if not names or any(n not in able for n in names):
+    raise OrinError(f"ORIN_LLM_AFFINE={raw!r}: 1 (the default types, {', '.join(t.name for t in AFFINE_DEFAULT)}), 0 (off) "
+                    f"or some of {', '.join(able)} separated by commas is needed")
+  return tuple(dict.fromkeys(able[n] for n in names))
+AFFINE = affine_types()
 
 def affine_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
   """x (T, I) @ W.T with W's scale taken out of the sum over each group: per element an int-to-float and one
@@ -227,7 +235,9 @@ def affine_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
   O, I = u.shape
   xg = x.reshape(x.shape[0], 1, I // G, G)
   out = (xg * u.reshape(1, O, I // G, G)).sum(-1) * a
-  if b is not None: out = out + xg.sum(-1) * b
+  # each group's sum of x taken per weight row (expanded): a sum inside the product's kernel, next to the loads it
+  # shares (tinygrad patch 0040). Of x alone, tinygrad gave it a small kernel of its own for every input
+  if b is not None: out = out + xg.expand(x.shape[0], O, I // G, G).sum(-1) * b
   return out.sum(-1)
 
 # rows of input from which a weight is applied as a float16 matrix product on tensor cores rather than dequantized
@@ -299,8 +309,8 @@ class QuantWeight:
     self.dense = self.planes["w"] if self.qtype == QT.F16 else self.weights().cast(dtypes.float16).contiguous().realize()
   def weights(self) -> Tensor: return dequantize(self.planes, self.qtype)
   def affine(self, x: Tensor) -> bool:
-    """Whether the product with x runs in the affine form (AFFINE: a single row of a type in AFFINE_TYPES)."""
-    return AFFINE and x.shape[0] == 1 and self.qtype in AFFINE_TYPES
+    """Whether the product with x runs in the affine form (a single row of a type in AFFINE)."""
+    return x.shape[0] == 1 and self.qtype in AFFINE
   def rows_of(self, idx: Tensor) -> Tensor:
     """Dequantized rows idx (an int tensor of any shape) -> (*idx.shape, cols): the embedding lookup."""
     return dequantize({k: p[idx] for k, p in self.planes.items()}, self.qtype)

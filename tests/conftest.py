@@ -53,7 +53,7 @@ def one_sum():
   before 0039); quant reads ORIN_LLM_AFFINE once, at import, so the module's attribute is set."""
   from orin_llm import quant
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(quant, "AFFINE", False)
+    mp.setattr(quant, "AFFINE", ())
     yield
 
 @pytest.fixture(scope="module")

@@ -176,7 +176,7 @@ def test_mixed_types_fuse_the_runs_that_share_one(tmp_path, rng):
   """llama-quantize's Q4_K_M keeps attn_v and ffn_down of some layers in Q6_K (synth.llama_quantize_types: here layer 1
   of 2). There Q and K still run as one product (attn_q+attn_k) and V as another. In one sum tinygrad fuses V's product
   into the kernel storing the new keys and values: a decode step runs as many kernels as a file of one type's; in the
-  affine form (quant.AFFINE, Q6_K) V's product gets a kernel of its own (model.Fused): one more. Logits against the
+  affine form (quant.AFFINE) V's product gets a kernel of its own (model.Fused): one more. Logits against the
   float64 reference."""
   from tinygrad.uop.ops import Ops
   from orin_llm.model import fused_groups
@@ -198,7 +198,7 @@ def test_mixed_types_fuse_the_runs_that_share_one(tmp_path, rng):
     return sum(c.op is Ops.CALL and c.src[0].op is Ops.SINK for c in linear.src)
   from orin_llm import quant
   eng = Engine(mixed, max_context=CONTEXT, chunk=8)
-  assert kernels(eng) == kernels(Engine(plain, max_context=CONTEXT, chunk=8)) + int(quant.AFFINE and QT.Q6_K in quant.AFFINE_TYPES)
+  assert kernels(eng) == kernels(Engine(plain, max_context=CONTEXT, chunk=8)) + int(QT.Q6_K in quant.AFFINE)
   ref = Reference(mixed)
   prompt = rng.integers(0, VOCAB, 9).tolist()
   for t in prompt[:-1]: ref.step(t)

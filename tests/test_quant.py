@@ -57,8 +57,11 @@ def test_affine_product_matches_gguf(qtype, rng):
   ref = x.astype(np.float64) @ gguf_dequantize(raw.reshape(O, -1), qtype).astype(np.float64).T
   assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-5
 
-def test_affine_switch_takes_0_or_1():
+def test_affine_types_from_the_environment():
+  """ORIN_LLM_AFFINE: 1 the default types, 0 none, else type names; anything else is refused with the choices named."""
   from orin_llm.errors import OrinError
-  from orin_llm.quant import affine_switch
-  assert affine_switch({}) is True and affine_switch({"ORIN_LLM_AFFINE": "0"}) is False and affine_switch({"ORIN_LLM_AFFINE": "1"}) is True
-  with pytest.raises(OrinError, match="ORIN_LLM_AFFINE"): affine_switch({"ORIN_LLM_AFFINE": "off"})
+  from orin_llm.quant import AFFINE_DEFAULT, affine_types
+  assert affine_types({}) == affine_types({"ORIN_LLM_AFFINE": "1"}) == AFFINE_DEFAULT and affine_types({"ORIN_LLM_AFFINE": "0"}) == ()
+  assert affine_types({"ORIN_LLM_AFFINE": " q6_k, Q4_K,Q6_K "}) == (QT.Q6_K, QT.Q4_K)
+  for bad in ("off", "Q6_K,F16", ",", "Q3_K"):
+    with pytest.raises(OrinError, match="ORIN_LLM_AFFINE.*Q4_K"): affine_types({"ORIN_LLM_AFFINE": bad})

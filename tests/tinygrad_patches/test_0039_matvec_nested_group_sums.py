@@ -11,7 +11,7 @@ import matvec_kernels
 
 BASE = {k: v for k, v in os.environ.items() if not k.startswith("MV_")} | {"ORIN_LLM_AFFINE": "1"}
 # Q6_K's groups of 16 (2 words): two groups a thread's step, the outer loop unrolled by 2 (groups of 32 or more, as
-# Q8_0's, take two weight rows a thread instead: not reachable from these Q4_K/Q6_K renders, whose Q4_K keeps one sum)
+# Q4_K's and Q8_0's, take two weight rows a thread instead: test_0040)
 NESTED = [["LOCAL", 0, 4], ["GROUP", 3, 4], ["GROUP", 2, 8], ["UNROLL", 2, 0], ["UNROLL", 2, 0], ["UNROLL", 2, 2]]
 
 def product_kernel(O, K, R, qtype, env):
