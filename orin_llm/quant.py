@@ -228,6 +228,19 @@ def affine_types(env=os.environ) -> tuple[QT, ...]:
   return tuple(dict.fromkeys(able[n] for n in names))
 AFFINE = affine_types()
 
+# ORIN_LLM_AFFINE_ROWS: the most input rows a product takes in the affine form (1, the default: decode's single row;
+# up to 8, where patches 0039/0040's layout stops: a batch step's rows, a verify step's of up to 8). Per element the
+# affine form saves one multiply-add of the rows' (rows + ~3): for a few rows the one sum's layouts (patch 0038) were
+# measured, this one is not yet. Part of the steps file's key.
+AFFINE_MAX_ROWS = 8
+def affine_rows(env=os.environ) -> int:
+  """ORIN_LLM_AFFINE_ROWS: 1 (default) to AFFINE_MAX_ROWS."""
+  raw = env.get("ORIN_LLM_AFFINE_ROWS", "1").strip()
+  if not raw.isdigit() or not 1 <= int(raw) <= AFFINE_MAX_ROWS:
+    raise OrinError(f"ORIN_LLM_AFFINE_ROWS={raw!r}: a number of input rows from 1 (the default) to {AFFINE_MAX_ROWS} is needed")
+  return int(raw)
+AFFINE_ROWS = affine_rows()
+
 def affine_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
   """x (T, I) @ W.T with W's scale taken out of the sum over each group: per element an int-to-float and one
   multiply-add, per group a multiply by a (and, with a minimum, b times the group's sum of x)."""
@@ -309,8 +322,8 @@ class QuantWeight:
     self.dense = self.planes["w"] if self.qtype == QT.F16 else self.weights().cast(dtypes.float16).contiguous().realize()
   def weights(self) -> Tensor: return dequantize(self.planes, self.qtype)
   def affine(self, x: Tensor) -> bool:
-    """Whether the product with x runs in the affine form (a single row of a type in AFFINE)."""
-    return x.shape[0] == 1 and self.qtype in AFFINE
+    """Whether the product with x runs in the affine form (at most AFFINE_ROWS rows, of a type in AFFINE)."""
+    return isinstance(x.shape[0], int) and x.shape[0] <= AFFINE_ROWS and self.qtype in AFFINE
   def rows_of(self, idx: Tensor) -> Tensor:
     """Dequantized rows idx (an int tensor of any shape) -> (*idx.shape, cols): the embedding lookup."""
     return dequantize({k: p[idx] for k, p in self.planes.items()}, self.qtype)

@@ -75,6 +75,7 @@ def _opts_env() -> dict:
   env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("MV_", "TC_")) or k in ("RED_KEYS", "ORIN_LLM_DECODE_SEGMENTS", "ORIN_LLM_CHUNK_SPLIT", "ORIN_LLM_CHUNK_PV_PARTS", "ORIN_LLM_GROUP_ROWS")}
   from orin_llm import quant
   env["ORIN_LLM_AFFINE"] = ",".join(t.name for t in quant.AFFINE)  # as in effect: unset and 1 are the same programs
+  env["ORIN_LLM_AFFINE_ROWS"] = str(quant.AFFINE_ROWS)
   # the search's bounds ([beam] time_limit and min_us), as in effect: steps captured after a shorter search are not loaded
   # by a server configured for the default one, which captures its own and searches what the shorter one left out
   def number(v: str) -> str:  # "5", "5.0" and "5e0" are one bound
