@@ -199,7 +199,7 @@ def affine(planes: dict[str, Tensor], qtype: QT) -> tuple[Tensor, Tensor, Tensor
   if qtype == QT.Q6_K: return u, _per_group(d, 16) * (int_to_float(_unpack(planes["sc"], 8)) - 128), None, 16
   raise ValueError(f"no affine form for {qtype.name}")
 
-# A single row's product (decode) in the affine form: each group's scale taken out of its sum, so that an element costs
+# A single row's product (decode; a few rows with AFFINE_ROWS) in the affine form: each group's scale taken out of its sum, so that an element costs
 # an int-to-float and one multiply-add rather than two multiply-adds (tinygrad patches 0039 and 0040 lay the nested sums
 # out). Measured on an H200 at BEAM=0 against one sum (docs/PERF.md, twenty-seventh and twenty-eighth sessions):
 # - the 1B Q6_K file: decode 763 -> 866 tok/s at depth 0 (+13.5%), 673 -> 752 at 4096 (+11.7%), the same greedy tokens;
@@ -214,7 +214,8 @@ def affine(planes: dict[str, Tensor], qtype: QT) -> tuple[Tensor, Tensor, Tensor
 AFFINE_DEFAULT = (QT.Q6_K, QT.Q4_K, QT.Q8_0)
 AFFINE_ABLE = (QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 # ORIN_LLM_AFFINE: 1 (the default types), 0 (off) or the types by name ("Q6_K,Q4_K"), part of the steps file's key as in
-# effect. The few-row products (batches, verify steps) keep one sum: patch 0038's layouts were measured for it.
+# effect. The few-row products (batches, verify steps) keep one sum unless ORIN_LLM_AFFINE_ROWS (below) says otherwise:
+# patch 0038's layouts were measured for it.
 def affine_types(env=os.environ) -> tuple[QT, ...]:
   """The types whose single-row products run in the affine form, from ORIN_LLM_AFFINE."""
   raw = env.get("ORIN_LLM_AFFINE", "1").strip()
@@ -229,9 +230,10 @@ def affine_types(env=os.environ) -> tuple[QT, ...]:
 AFFINE = affine_types()
 
 # ORIN_LLM_AFFINE_ROWS: the most input rows a product takes in the affine form (1, the default: decode's single row;
-# up to 8, where patches 0039/0040's layout stops: a batch step's rows, a verify step's of up to 8). Per element the
-# affine form saves one multiply-add of the rows' (rows + ~3): for a few rows the one sum's layouts (patch 0038) were
-# measured, this one is not yet. Part of the steps file's key.
+# up to 8: a batch step's rows, a verify step's of up to 8, and any prefill chunk or group step of as few). Patches
+# 0039/0040 lay out at most tinygrad's MV_MAX_ROWS (8 unless set lower) input rows; past it such a product runs one
+# thread a weight row (slow, not wrong). Per element the form saves one multiply-add of the rows' (rows + ~3): for a
+# few rows the one sum's layouts (patch 0038) were measured, this one is not yet. Part of the steps file's key.
 AFFINE_MAX_ROWS = 8
 def affine_rows(env=os.environ) -> int:
   """ORIN_LLM_AFFINE_ROWS: 1 (default) to AFFINE_MAX_ROWS."""

@@ -108,6 +108,18 @@ def test_steps_file_keyed_by_the_matvec_settings(model, tmp_path, monkeypatch):
   monkeypatch.delenv("MV_LANE_UNROLL")
   assert step_cache.path_for(eng) == before
 
+def test_steps_file_keyed_by_the_affine_form_in_effect(model, tmp_path, monkeypatch):
+  """quant.AFFINE (types) and AFFINE_ROWS change the programs: keyed as in effect, so the types' order does not matter and
+  the rows do not matter while no type takes the form."""
+  from orin_llm import quant
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
+  keys = {}
+  for types, rows in (((QT.Q6_K, QT.Q4_K), 1), ((QT.Q4_K, QT.Q6_K), 1), ((QT.Q4_K, QT.Q6_K), 4), ((), 1), ((), 4)):
+    monkeypatch.setattr(quant, "AFFINE", types); monkeypatch.setattr(quant, "AFFINE_ROWS", rows)
+    keys[types, rows] = step_cache.path_for(eng)
+  assert keys[(QT.Q6_K, QT.Q4_K), 1] == keys[(QT.Q4_K, QT.Q6_K), 1] != keys[(QT.Q4_K, QT.Q6_K), 4]
+  assert keys[(), 1] == keys[(), 4] not in (keys[(QT.Q4_K, QT.Q6_K), 1], keys[(QT.Q4_K, QT.Q6_K), 4])
+
 def test_steps_file_keyed_by_the_search_bounds(model, tmp_path, monkeypatch):
   """[beam] time_limit and min_us ($BEAM_TIME_LIMIT, $BEAM_MIN_US): steps captured after a shorter search are not what a
   server configured for the default search loads (it captures its own, searching what the shorter one left out). Unset

@@ -17,7 +17,8 @@ RENDER = textwrap.dedent('''
   from tinygrad.uop.ops import Ops, PatternMatcher, UPat, UOp, graph_rewrite
   from orin_llm.quant import QuantWeight, _FAST_PLANES
   O, K, R, qt = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), QT[sys.argv[4]]
-  planes = {n: Tensor.empty(O, K // 256 * w, dtype=dtypes.uint32 if dt is np.uint32 else dtypes.float16, device="CPU")
+  blk = 32 if qt == QT.Q8_0 else 256  # the planes' words a block (Q8_0's blocks: 32 elements)
+  planes = {n: Tensor.empty(O, K // blk * w, dtype=dtypes.uint32 if dt is np.uint32 else dtypes.float16, device="CPU")
             for n, w, dt in _FAST_PLANES[qt]}
   y = QuantWeight(qt, O, K, planes)(Tensor.empty(R, K, device="CPU"))
   ren = CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)
@@ -53,9 +54,9 @@ PRODUCT = textwrap.dedent('''
   print(np.abs(y - ref).max() / np.abs(ref).max())
 ''')
 
-# a single row's product as one sum (QuantWeight's plain form), unless the caller's env sets ORIN_LLM_AFFINE: the layouts
-# these tests pin are those of one sum (0039 lays out the affine form's two)
-PLAIN = {"ORIN_LLM_AFFINE": "0"}
+# a product as one sum (QuantWeight's plain form), unless the caller's env sets ORIN_LLM_AFFINE: the layouts these tests
+# pin are those of one sum (0039 and 0040 lay out the affine form's nested sums)
+PLAIN = {"ORIN_LLM_AFFINE": "0", "ORIN_LLM_AFFINE_ROWS": "1"}
 
 def kernels(O: int, K: int, R: int, qtype: str, env: dict) -> list[dict]:
   r = subprocess.run([sys.executable, "-c", RENDER, str(O), str(K), str(R), qtype], env=PLAIN | env | {"DEV": "CPU"},

@@ -11,7 +11,7 @@ import matvec_kernels
 
 BASE = {k: v for k, v in os.environ.items() if not k.startswith("MV_")} | {"ORIN_LLM_AFFINE": "1"}
 # Q6_K's groups of 16 (2 words): two groups a thread's step, the outer loop unrolled by 2 (groups of 32 or more, as
-# Q4_K's and Q8_0's, take two weight rows a thread instead: test_0040)
+# Q8_0's and Q4_K's, take two weight rows a thread instead)
 NESTED = [["LOCAL", 0, 4], ["GROUP", 3, 4], ["GROUP", 2, 8], ["UNROLL", 2, 0], ["UNROLL", 2, 0], ["UNROLL", 2, 2]]
 
 def product_kernel(O, K, R, qtype, env):
@@ -27,6 +27,11 @@ def test_single_row_in_groups_gets_lanes_on_the_outer_sum(qtype, O, K):
   k = product_kernel(O, K, 1, qtype, BASE)
   assert k["opts"] == NESTED
   assert k["float4_input"]  # the inner sum unrolled: a group's input in vectors
+
+def test_groups_of_32_take_two_weight_rows():
+  # Q8_0 (groups of 32, no minimum): two weight rows a thread, the input's loads shared, lanes on the outer sum
+  k = product_kernel(16384, 2048, 1, "Q8_0", BASE)
+  assert k["opts"] == [["UPCAST", 0, 2], ["LOCAL", 0, 4], ["GROUP", 2, 32], ["UNROLL", 1, 0], ["UNROLL", 1, 0]]
 
 def test_off_switch():
   k = product_kernel(16384, 2048, 1, "Q6_K", BASE | {"MV_NESTED": "0"})
