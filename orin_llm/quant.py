@@ -199,9 +199,9 @@ def affine(planes: dict[str, Tensor], qtype: QT) -> tuple[Tensor, Tensor, Tensor
   if qtype == QT.Q6_K: return u, _per_group(d, 16) * (int_to_float(_unpack(planes["sc"], 8)) - 128), None, 16
   raise ValueError(f"no affine form for {qtype.name}")
 
-# A single row's product (decode; a few rows with AFFINE_ROWS) in the affine form: each group's scale taken out of its sum, so that an element costs
-# an int-to-float and one multiply-add rather than two multiply-adds (tinygrad patches 0039 and 0040 lay the nested sums
-# out). Measured on an H200 at BEAM=0 against one sum (docs/PERF.md, twenty-seventh and twenty-eighth sessions):
+# A single row's product (decode; a few rows with AFFINE_ROWS) in the affine form: each group's scale taken out of its
+# sum, so that an element costs an int-to-float and one multiply-add rather than two multiply-adds (tinygrad patches 0039
+# and 0040 lay the nested sums out). Measured on an H200 at BEAM=0 against one sum (docs/PERF.md, twenty-seventh and twenty-eighth sessions):
 # - the 1B Q6_K file: decode 763 -> 866 tok/s at depth 0 (+13.5%), 673 -> 752 at 4096 (+11.7%), the same greedy tokens;
 #   alone with a cold L2, the 1B's gate+up 30.9-37.7 -> 28.2-32.4 us, its ffn_down 30.1 -> 27.8;
 # - the 8B Q4_K_M file, its Q6_K products in this form (model.Fused giving a lone one its own kernel): 181.5 -> 188.7 at
@@ -212,7 +212,7 @@ def affine(planes: dict[str, Tensor], qtype: QT) -> tuple[Tensor, Tensor, Tensor
 # does, Q5_K, Q4_1 and Q5_1 keep a minimum of their own as Q4_K does (each group's sum of the input, summed inside the
 # product's kernel: patch 0040); all are exact on the CPU, none is measured on a GPU.
 AFFINE_DEFAULT = (QT.Q6_K, QT.Q4_K, QT.Q8_0)
-AFFINE_ABLE = (QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K)
+AFFINE_ABLE = (*_BLOCK32, QT.Q4_K, QT.Q5_K, QT.Q6_K)  # the types affine() writes
 # ORIN_LLM_AFFINE: 1 (the default types), 0 (off) or the types by name ("Q6_K,Q4_K"), part of the steps file's key as in
 # effect. The few-row products (batches, verify steps) keep one sum unless ORIN_LLM_AFFINE_ROWS (below) says otherwise:
 # patch 0038's layouts were measured for it.
