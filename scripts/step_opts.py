@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Runs an orin-llm command (the bench, usually) with the hand-coded opts of chosen kernels replaced, so that a kernel's
+layout is judged by the time of the whole step it runs in. Timed alone (scripts/mv_opts_bench.py) or one by one in the
+step (scripts/profile_decode.py), each kernel carries ~10 us of launch and synchronization and drifts by ~10% from
+process to process: 64 lanes for Q6_K's nested products were faster alone on all six shapes tried and 8.6% slower in
+the 1B's decode step (docs/PERF.md, twenty-ninth session).
+  python3 scripts/step_opts.py [--list] [--kernel SHAPE=OPTS ...] -- bench --model M --beam 0 --depth 0 ...
+--list: print each kernel's shape before opts (the key --kernel takes) and the opts the heuristic gave it, to stderr.
+--kernel SHAPE=OPTS: every kernel whose shape before opts is SHAPE (comma-separated sizes as --list prints them, `?` for
+any size: a symbolic one) takes OPTS (Scheduler.apply_opt's, e.g. UPCAST:0:2,LOCAL:0:4,GROUP:1:4) instead of the
+heuristic's; a list that does not apply is an error, not a silent fallback. The overrides join the steps file's key
+(MV_STEP_OPTS): a run with other overrides does not load this one's steps. BEAM>0 searches as before."""
+import os, sys
+
+def shape_key(shape) -> str:
+  """A kernel's shape as --list prints it and --kernel matches it: ints as they are, a symbolic size as `?`."""
+  return ",".join(str(d) if isinstance(d, int) else "?" for d in shape)
+
+def parse_opts(text: str) -> list:
+  """UPCAST:0:2,LOCAL:0:4 -> [Opt(UPCAST, 0, 2), Opt(LOCAL, 0, 4)]."""
+  from tinygrad.codegen.opt import Opt, OptOps
+  out = []
+  for o in text.split(","):
+    op, axis, arg = o.split(":")
+    out.append(Opt(OptOps[op], int(axis), int(arg)))
+  return out
+
+def install(overrides: dict[str, str], listing: bool = False, out=sys.stderr) -> None:
+  """Replace tinygrad's hand_coded_optimizations: a kernel whose shape_key is in overrides takes those opts."""
+  import tinygrad.codegen.opt.heuristic as h
+  orig = getattr(h.hand_coded_optimizations, "_orig", h.hand_coded_optimizations)
+  parsed = {k: parse_opts(v) for k, v in overrides.items()}
+  def hand_coded_optimizations(k):
+    key = shape_key(k.full_shape)
+    if key in parsed:
+      nk = k.copy()
+      for opt in parsed[key]: nk.apply_opt(opt)  # a KernelOptError propagates: the override is wrong, say so
+      ret = nk
+    else: ret = orig(k)
+    if listing: print(f"step_opts: {key} {'override' if key in parsed else 'heuristic'} "
+                      f"{','.join(f'{o.op.name}:{o.axis}:{o.arg}' for o in ret.applied_opts)}", file=out, flush=True)
+    return ret
+  hand_coded_optimizations._orig = orig
+  h.hand_coded_optimizations = hand_coded_optimizations
+  # tinygrad compiles a schedule's kernels in a pool of worker processes, started afresh (forkserver or spawn): they
+  # would take the heuristic's opts, not these. Compiled here instead (PARALLEL=0; a BEAM search then runs here too)
+  os.environ["PARALLEL"] = "0"
+  from tinygrad import helpers
+  helpers.PARALLEL.value = 0
+  if overrides: os.environ["MV_STEP_OPTS"] = ";".join(f"{k}={v}" for k, v in sorted(overrides.items()))
+  else: os.environ.pop("MV_STEP_OPTS", None)
+
+def main(argv: list[str]) -> None:
+  if "--" not in argv: sys.exit(__doc__)
+  ours, cmd = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+  overrides, listing = {}, False
+  it = iter(ours)
+  for a in it:
+    if a == "--list": listing = True
+    elif a == "--kernel":
+      spec = next(it, None)
+      if spec is None or "=" not in spec: sys.exit("step_opts: --kernel SHAPE=OPTS")
+      shape, opts = spec.split("=", 1)
+      overrides[shape.replace(" ", "")] = opts
+    else: sys.exit(f"step_opts: unknown argument {a!r}\n{__doc__}")
+  install(overrides, listing)
+  import runpy
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  sys.argv = ["orin_llm"] + cmd
+  runpy.run_module("orin_llm", run_name="__main__")
+
+if __name__ == "__main__": main(sys.argv[1:])

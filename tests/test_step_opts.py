@@ -1,0 +1,68 @@
+"""scripts/step_opts.py: a kernel's hand-coded opts replaced by its shape before opts, the others left to the heuristic,
+a list that does not apply refused. A Q6_K product and a Q4_K one rendered for an sm_87 CUDA renderer on the CPU, in a
+subprocess (the override replaces a tinygrad function for the whole process)."""
+import json, subprocess, sys, textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+RUN = textwrap.dedent('''
+  import io, json, os, sys
+  import numpy as np
+  sys.path.insert(0, sys.argv[1])
+  import step_opts
+  from gguf import GGMLQuantizationType as QT
+  from tinygrad import Tensor, dtypes
+  from tinygrad.codegen import full_rewrite_to_sink
+  from tinygrad.helpers import Target
+  from tinygrad.renderer.cstyle import CUDARenderer
+  from tinygrad.uop.ops import Ops
+  from orin_llm.quant import QuantWeight, _FAST_PLANES
+  ren = CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)
+  def opts(O, K, qt):
+    planes = {n: Tensor.empty(O, K // 256 * w, dtype=dtypes.uint32 if dt is np.uint32 else dtypes.float16, device="CPU")
+              for n, w, dt in _FAST_PLANES[qt]}
+    y = QuantWeight(qt, O, K, planes)(Tensor.empty(1, K, device="CPU"))
+    sinks = [full_rewrite_to_sink(c.src[0], ren) for c in y.linear_with_vars()[0].src if c.src[0].op is Ops.SINK]
+    return [[f"{o.op.name}:{o.axis}:{o.arg}" for o in s.arg.applied_opts] for s in sinks]
+  listing = io.StringIO()
+  step_opts.install({}, listing=True, out=listing)
+  before6, before4 = opts(2048, 4096, QT.Q6_K), opts(1024, 2048, QT.Q4_K)
+  keys = [l.split()[1] for l in listing.getvalue().splitlines()]
+  override = "LOCAL:0:2,UNROLL:0:0,UNROLL:0:0,GROUP:1:4,GROUP:0:16"
+  step_opts.install({keys[0]: override})
+  after6, after4, env = opts(2048, 4096, QT.Q6_K), opts(1024, 2048, QT.Q4_K), os.environ.get("MV_STEP_OPTS")
+  step_opts.install({keys[0]: "UPCAST:0:3"})  # 3 does not divide the rows
+  try: opts(2048, 4096, QT.Q6_K); refused = False
+  except Exception as e: refused = type(e).__name__
+  # a schedule of several kernels: tinygrad compiles them in worker processes unless PARALLEL=0 (install sets it)
+  listing = io.StringIO()
+  step_opts.install({}, listing=True, out=listing)
+  w = QuantWeight.from_raw(np.random.default_rng().integers(0, 256, size=256 * 512 // 256 * 210, dtype=np.uint8), QT.Q6_K, 256, 512, "CPU")
+  x = Tensor(np.random.default_rng().normal(size=(1, 512)).astype(np.float32), device="CPU")
+  Tensor.realize(w(x) + 1, (w(x) * 2).sum())
+  realized = len(listing.getvalue().splitlines())
+  print(json.dumps({"realized": realized, "keys": keys, "before6": before6, "before4": before4, "after6": after6, "after4": after4,
+                    "override": override, "env": env, "refused": refused}))
+''')
+
+def test_override_by_shape():
+  env = {"ORIN_LLM_AFFINE": "1", "DEV": "CPU", "PARALLEL": "4"}
+  import os
+  r = subprocess.run([sys.executable, "-c", RUN, str(ROOT / "scripts")], capture_output=True, text=True, cwd=ROOT,
+                     env={k: v for k, v in os.environ.items() if not k.startswith("MV_")} | env, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  d = json.loads(r.stdout.strip().splitlines()[-1])
+  assert len(d["keys"]) == 2 and d["keys"][0] != d["keys"][1]  # one product kernel each, told apart by shape
+  assert d["keys"][0].startswith("2048,")
+  [h6], [h4] = d["before6"], d["before4"]
+  assert h6 != d["override"].split(",")  # the heuristic's own (0039: 32 lanes)
+  assert d["after6"] == [d["override"].split(",")]  # replaced
+  assert d["after4"] == [h4]  # the other kernel keeps the heuristic's
+  assert d["env"] == f"{d['keys'][0]}={d['override']}"  # in the steps file's key (MV_*)
+  assert d["refused"] == "KernelOptError"
+  assert d["realized"] >= 2  # the realized kernels' opts were chosen in this process, where the replacement is
+
+def test_usage_without_a_command():
+  r = subprocess.run([sys.executable, ROOT / "scripts/step_opts.py", "--list"], capture_output=True, text=True, timeout=60)
+  assert r.returncode != 0 and "step_opts.py [--list]" in r.stderr
