@@ -18,19 +18,19 @@ reads as its input, and to `hist[i, slot]`, where the host reads the tokens of i
 the slot, the chunk's valid length, the history row.
 """
 from __future__ import annotations
-import os, time
+import functools, os, time
 from dataclasses import dataclass, field
 from typing import Iterator
 import numpy as np
 from tinygrad import Tensor, TinyJit, UOp, dtypes, Device
-from tinygrad.helpers import GlobalCounters
+from tinygrad.helpers import Context, GlobalCounters
 from orin_llm.errors import OrinError
 from orin_llm.loader import open_model, load_weights
 from orin_llm.model import Transformer, Rows, fused_groups, key_block, ROW_BLOCK
 from orin_llm.step_cache import steps_reach
 from orin_llm.sampling import Sampling, greedy, masked, sample
 from orin_llm.hostio import host_io
-from orin_llm import log, quant
+from orin_llm import log, quant, settings
 
 DEFAULT_CONTEXT = 4096
 # prompt tokens per prefill step. On a GPU, chunks run the weights as float16 matrix products on tensor cores
@@ -488,6 +488,14 @@ class Engine:
     self._ahead = None
     return self.steps.one_decode(self.v_pos.bind(len(self.slots[slot].cached)), self.v_slot.bind(slot))
 
+def searched(name: str) -> bool:
+  """Whether a step of this name (Steps' names) takes the BEAM search, under settings.BEAM_STEPS."""
+  return settings.BEAM_STEPS == "all" or name.startswith("group") or (name.startswith("chunk") and name != "chunk1")
+
+def _unsearched(jit: TinyJit, *args):
+  """A step called (and so, at its first call, captured and compiled) with BEAM off: the hand-coded opts."""
+  with Context(BEAM=0): return jit(*args)
+
 class Steps:
   """The engine's compiled steps (TinyJits), by name:
   chunk{T}       one sequence, T tokens from start_pos in slot `slot` (T = 1: decoding alone) -> logits[0] of row chunk_len
@@ -511,7 +519,7 @@ class Steps:
       jit.cnt = 1
       self.jits[name] = jit
       log.info(f"compiling the {name} step (first use; cached kernels make this quick)")
-    return self.jits[name]
+    return self.jits[name] if searched(name) else functools.partial(_unsearched, self.jits[name])
 
   def chunk(self, T: int) -> TinyJit:
     e, st = self.eng, self.eng.state

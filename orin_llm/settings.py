@@ -96,6 +96,22 @@ SEARCH_DEFAULTS = {
                                 #   per result (marked in the database): a searched tensor-core product broke the 1B's prefill on an H200 (PERF.md, 23rd session)
 }
 
+# ORIN_LLM_BEAM_STEPS: the steps a BEAM search (BEAM > 0) takes (engine.searched): "all" (the default) or "prefill"
+# (prefill chunks of more than one token and group steps; decode, batch, verify and choice steps compiled with the
+# hand-coded opts, which patches 0038-0040 lay out). BEAM picks a kernel by its time alone, and alone did not rank
+# decode's products as the step does: 64 lanes for the 1B's gate+up took 12% less time alone and the step 5.8% more
+# (docs/PERF.md, twenty-ninth session). An experiment's knob until measured against a full search (issue 25); part of
+# the steps file's key.
+BEAM_STEP_CHOICES = ("all", "prefill")
+def beam_steps(env=os.environ) -> str:
+  """ORIN_LLM_BEAM_STEPS: all (default) or prefill."""
+  raw = env.get("ORIN_LLM_BEAM_STEPS", "all").strip().lower()
+  if raw not in BEAM_STEP_CHOICES:
+    raise OrinError(f"ORIN_LLM_BEAM_STEPS={raw!r}: all (every step searched, the default) or prefill (only prefill chunks "
+                    "and group steps) is needed")
+  return raw
+BEAM_STEPS = beam_steps()
+
 def search_defaults() -> dict[str, str]:
   """Puts SEARCH_DEFAULTS into os.environ where unset and returns those it set. Call it before tinygrad's first
   BEAM search or worker pool: tinygrad reads each of these once (its getenv is cached), and BEAM workers

@@ -173,3 +173,13 @@ def test_loaded_steps_that_fail_are_captured_anew(model, tmp_path):
   warm_up(eng)
   assert not eng.steps_loaded and eng.steps_file == path and path.exists()  # rewritten from the new capture
   assert len(eng.steps.jits) == 6 and all(not isinstance(j, Broken) and j.captured is not None for j in eng.steps.jits.values())  # with the masked choices
+
+def test_steps_file_keyed_by_the_searched_steps(model, tmp_path, monkeypatch):
+  """ORIN_LLM_BEAM_STEPS=prefill compiles decode with the hand-coded opts under BEAM > 0: other programs."""
+  from orin_llm import settings
+  eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
+  before = step_cache.path_for(eng)
+  monkeypatch.setattr(settings, "BEAM_STEPS", "prefill")
+  assert step_cache.path_for(eng) != before
+  monkeypatch.setattr(settings, "BEAM_STEPS", "all")
+  assert step_cache.path_for(eng) == before
