@@ -519,7 +519,10 @@ class Steps:
       jit.cnt = 1
       self.jits[name] = jit
       log.info(f"compiling the {name} step (first use; cached kernels make this quick)")
-    return self.jits[name] if searched(name) else functools.partial(_unsearched, self.jits[name])
+    # a step BEAM does not take is called with BEAM off until captured (its first call compiles it); after that, and
+    # for steps loaded from a steps file, the TinyJit itself (scripts read its capture)
+    jit = self.jits[name]
+    return jit if searched(name) or jit.captured is not None else functools.partial(_unsearched, jit)
 
   def chunk(self, T: int) -> TinyJit:
     e, st = self.eng, self.eng.state

@@ -233,9 +233,9 @@ AFFINE = affine_types()
 # up to 8: a batch step's rows, a verify step's of up to 8, and any prefill chunk or group step of as few). Patches
 # 0039/0040 lay out at most tinygrad's MV_MAX_ROWS (8 unless set lower) input rows; past it such a product runs one
 # thread a weight row (slow, not wrong). Per element the form saves one multiply-add of the rows' (rows + ~3), yet
-# alone on an H200 (docs/PERF.md, twenty-ninth session) its layout took 1.5-2.4x one sum's (patch 0038) for 4 and 8
-# rows (the 8B's gate+up, 4 rows: 148-154 against 90-102 us; 8 rows: 278 against 115): so 1 by default. Part of the
-# steps file's key.
+# alone on an H200 (docs/PERF.md, twenty-ninth session) its layout took 1.2-2.4x one sum's (patch 0038): the 1B's
+# gate+up (Q6_K), 4 rows: 43.8 against 37.7 us; the 8B's (Q4_K), 4 rows: 148-154 against 90-102; 8 rows: 278 against
+# 115. So 1 by default. Part of the steps file's key.
 AFFINE_MAX_ROWS = 8
 def affine_rows(env=os.environ) -> int:
   """ORIN_LLM_AFFINE_ROWS: 1 (default) to AFFINE_MAX_ROWS."""

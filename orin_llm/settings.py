@@ -99,9 +99,10 @@ SEARCH_DEFAULTS = {
 # ORIN_LLM_BEAM_STEPS: the steps a BEAM search (BEAM > 0) takes (engine.searched): "all" (the default) or "prefill"
 # (prefill chunks of more than one token and group steps; decode, batch, verify and choice steps compiled with the
 # hand-coded opts, which patches 0038-0040 lay out). BEAM picks a kernel by its time alone, and alone did not rank
-# decode's products as the step does: 64 lanes for the 1B's gate+up took 12% less time alone and the step 5.8% more
-# (docs/PERF.md, twenty-ninth session). An experiment's knob until measured against a full search (issue 25); part of
-# the steps file's key.
+# decode's products as the step does: 64 lanes for the 1B's Q/K/V, attention output and ffn_down took 13-25% less time
+# alone, yet the step with them (and the gate+up, alone 2% slower) in 64 lanes ran 8.6% slower, the gate+up's share
+# 5.8% (docs/PERF.md, twenty-ninth session). An experiment's knob until measured against a full search (issue 25);
+# part of the steps file's key. tinygrad's JITBEAM would set every captured step's search: refused beside "prefill".
 BEAM_STEP_CHOICES = ("all", "prefill")
 def beam_steps(env=os.environ) -> str:
   """ORIN_LLM_BEAM_STEPS: all (default) or prefill."""
@@ -109,6 +110,9 @@ def beam_steps(env=os.environ) -> str:
   if raw not in BEAM_STEP_CHOICES:
     raise OrinError(f"ORIN_LLM_BEAM_STEPS={raw!r}: all (every step searched, the default) or prefill (only prefill chunks "
                     "and group steps) is needed")
+  if raw == "prefill" and env.get("JITBEAM"):
+    raise OrinError(f"ORIN_LLM_BEAM_STEPS=prefill with JITBEAM={env['JITBEAM']!r}: tinygrad's JITBEAM sets the search of every "
+                    "captured step, decode's too; unset one of them")
   return raw
 BEAM_STEPS = beam_steps()
 

@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Runs an orin-llm command (the bench, usually) with the hand-coded opts of chosen kernels replaced, so that a kernel's
-layout is judged by the time of the whole step it runs in. Timed alone (scripts/mv_opts_bench.py) or one by one in the
-step (scripts/profile_decode.py), each kernel carries ~10 us of launch and synchronization and drifts by ~10% from
-process to process: 64 lanes for Q6_K's nested products were faster alone on all six shapes tried and 8.6% slower in
-the 1B's decode step (docs/PERF.md, twenty-ninth session).
+layout is judged by the time of the whole step it runs in. One kernel's time alone (scripts/mv_opts_bench.py) drifted
+~10% from call to call, and one by one in the step (scripts/profile_decode.py, DEBUG=2) each kernel carries ~10 us of
+synchronization: neither ranked the 1B's decode step (docs/PERF.md, twenty-ninth session: the gate+up in 64 lanes
+within the spread alone, 5.8% slower in the step).
   python3 scripts/step_opts.py [--list] [--kernel SHAPE=OPTS ...] -- bench --model M --beam 0 --depth 0 ...
---list: print each kernel's shape before opts (the key --kernel takes) and the opts the heuristic gave it, to stderr.
+--list: print each kernel's shape before opts (the key --kernel takes) and the opts it got, to stderr.
 --kernel SHAPE=OPTS: every kernel whose shape before opts is SHAPE (comma-separated sizes as --list prints them, `?` for
 any size: a symbolic one) takes OPTS (Scheduler.apply_opt's, e.g. UPCAST:0:2,LOCAL:0:4,GROUP:1:4) instead of the
 heuristic's; a list that does not apply is an error, not a silent fallback. The overrides join the steps file's key
-(MV_STEP_OPTS): a run with other overrides does not load this one's steps. BEAM>0 searches as before."""
+(MV_STEP_OPTS): a run with other overrides does not load this one's steps.
+With --kernel, BEAM must be 0: a search would start from the override and keep it in the BEAM database under the
+kernel's own key. Kernels compile in this process (PARALLEL=0); `serve` and `prewarm` set PARALLEL from [beam] workers
+again, so use it with `bench` or `generate`."""
 import os, sys
 
 def shape_key(shape) -> str:
@@ -21,8 +24,11 @@ def parse_opts(text: str) -> list:
   from tinygrad.codegen.opt import Opt, OptOps
   out = []
   for o in text.split(","):
-    op, axis, arg = o.split(":")
-    out.append(Opt(OptOps[op], int(axis), int(arg)))
+    try:
+      op, axis, arg = o.strip().split(":")
+      out.append(Opt(OptOps[op], int(axis), int(arg)))
+    except (ValueError, KeyError): raise ValueError(f"{o.strip()!r} is not an opt (OP:AXIS:ARG, OP one of "
+                                                    f"{', '.join(x.name for x in OptOps)})") from None
   return out
 
 def install(overrides: dict[str, str], listing: bool = False, out=sys.stderr) -> None:
@@ -63,7 +69,15 @@ def main(argv: list[str]) -> None:
       shape, opts = spec.split("=", 1)
       overrides[shape.replace(" ", "")] = opts
     else: sys.exit(f"step_opts: unknown argument {a!r}\n{__doc__}")
-  install(overrides, listing)
+  beam = os.environ.get("BEAM", "0")
+  for i, a in enumerate(cmd):
+    if a == "--beam" and i + 1 < len(cmd): beam = cmd[i + 1]
+    elif a.startswith("--beam="): beam = a.split("=", 1)[1]
+  if overrides and beam.strip() not in ("", "0"):
+    sys.exit(f"step_opts: --kernel needs BEAM=0 (here {beam}): a search would start from the override and keep it in the "
+             "BEAM database under the kernel's own key")
+  try: install(overrides, listing)
+  except ValueError as e: sys.exit(f"step_opts: --kernel: {e}")
   import runpy
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   sys.argv = ["orin_llm"] + cmd

@@ -34,7 +34,7 @@ def model(tmp_path_factory):
                      seed=seed_for("beam steps"), vocab_size=2048)
 
 def searches(model, steps: str) -> dict:
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("BEAM", "ORIN_LLM_BEAM"))}
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("BEAM", "JITBEAM", "ORIN_LLM_BEAM"))}
   env |= {"DEV": "CPU", "BEAM": "1", "BEAM_MIN_US": "0", "PARALLEL": "0", "PYTHONPATH": str(ROOT), "ORIN_LLM_BEAM_STEPS": steps}
   r = subprocess.run([sys.executable, "-c", RUN, str(model)], capture_output=True, text=True, timeout=900, env=env)
   assert r.returncode == 0, r.stderr[-3000:]
@@ -52,3 +52,16 @@ def test_all_steps(model):
 def test_refused():
   assert beam_steps({}) == "all" and beam_steps({"ORIN_LLM_BEAM_STEPS": " Prefill "}) == "prefill"
   with pytest.raises(OrinError, match="ORIN_LLM_BEAM_STEPS='decode'"): beam_steps({"ORIN_LLM_BEAM_STEPS": "decode"})
+  # tinygrad's JITBEAM sets every captured step's search, over the Context the unsearched steps are called in
+  with pytest.raises(OrinError, match="JITBEAM"): beam_steps({"ORIN_LLM_BEAM_STEPS": "prefill", "JITBEAM": "2"})
+  assert beam_steps({"JITBEAM": "2"}) == "all"
+
+def test_every_step_name(monkeypatch):
+  """engine.Steps' names: prefill chunks (more than one token) and group steps searched under "prefill", the rest not."""
+  from orin_llm import engine, settings
+  names = {"chunk512": True, "chunk16": True, "group4x32": True, "chunk1": False, "batch4": False, "verify8": False,
+           "choose-one-greedy": False, "choose-batch4-sampled-masked": False, "choose-verify8-greedy": False}
+  monkeypatch.setattr(settings, "BEAM_STEPS", "prefill")
+  assert {n: engine.searched(n) for n in names} == names
+  monkeypatch.setattr(settings, "BEAM_STEPS", "all")
+  assert all(engine.searched(n) for n in names)

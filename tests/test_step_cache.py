@@ -178,6 +178,7 @@ def test_steps_file_keyed_by_the_searched_steps(model, tmp_path, monkeypatch):
   """ORIN_LLM_BEAM_STEPS=prefill compiles decode with the hand-coded opts under BEAM > 0: other programs."""
   from orin_llm import settings
   eng = Engine(model, max_context=CONTEXT, chunk=CHUNK, kernel_db=kernel_cache.prepare(model, tmp_path))
+  monkeypatch.setattr(settings, "BEAM_STEPS", "all")
   before = step_cache.path_for(eng)
   monkeypatch.setattr(settings, "BEAM_STEPS", "prefill")
   assert step_cache.path_for(eng) != before

@@ -1,7 +1,7 @@
 """scripts/step_opts.py: a kernel's hand-coded opts replaced by its shape before opts, the others left to the heuristic,
 a list that does not apply refused. A Q6_K product and a Q4_K one rendered for an sm_87 CUDA renderer on the CPU, in a
 subprocess (the override replaces a tinygrad function for the whole process)."""
-import json, subprocess, sys, textwrap
+import json, os, subprocess, sys, textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,10 +36,10 @@ RUN = textwrap.dedent('''
   try: opts(2048, 4096, QT.Q6_K); refused = False
   except Exception as e: refused = type(e).__name__
   # a schedule of several kernels: tinygrad compiles them in worker processes unless PARALLEL=0 (install sets it)
-  listing = io.StringIO()
-  step_opts.install({}, listing=True, out=listing)
   w = QuantWeight.from_raw(np.random.default_rng().integers(0, 256, size=256 * 512 // 256 * 210, dtype=np.uint8), QT.Q6_K, 256, 512, "CPU")
-  x = Tensor(np.random.default_rng().normal(size=(1, 512)).astype(np.float32), device="CPU")
+  x = Tensor(np.random.default_rng().normal(size=(1, 512)).astype(np.float32), device="CPU").realize()
+  listing = io.StringIO()  # (listed from here: only the schedule below, not the weight's and input's own)
+  step_opts.install({}, listing=True, out=listing)
   Tensor.realize(w(x) + 1, (w(x) * 2).sum())
   realized = len(listing.getvalue().splitlines())
   print(json.dumps({"realized": realized, "keys": keys, "before6": before6, "before4": before4, "after6": after6, "after4": after4,
@@ -48,9 +48,8 @@ RUN = textwrap.dedent('''
 
 def test_override_by_shape():
   env = {"ORIN_LLM_AFFINE": "1", "DEV": "CPU", "PARALLEL": "4"}
-  import os
   r = subprocess.run([sys.executable, "-c", RUN, str(ROOT / "scripts")], capture_output=True, text=True, cwd=ROOT,
-                     env={k: v for k, v in os.environ.items() if not k.startswith("MV_")} | env, timeout=300)
+                     env={k: v for k, v in os.environ.items() if not k.startswith(("MV_", "BEAM"))} | env, timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
   d = json.loads(r.stdout.strip().splitlines()[-1])
   assert len(d["keys"]) == 2 and d["keys"][0] != d["keys"][1]  # one product kernel each, told apart by shape
@@ -66,3 +65,13 @@ def test_override_by_shape():
 def test_usage_without_a_command():
   r = subprocess.run([sys.executable, ROOT / "scripts/step_opts.py", "--list"], capture_output=True, text=True, timeout=60)
   assert r.returncode != 0 and "step_opts.py [--list]" in r.stderr
+
+def test_refuses_a_search_and_a_wrong_opt():
+  run = lambda *a, **env: subprocess.run([sys.executable, ROOT / "scripts/step_opts.py", *a], capture_output=True, text=True,
+                                         timeout=60, env={**{k: v for k, v in os.environ.items() if k != "BEAM"}, **env})
+  r = run("--kernel", "16,2=UPCAST:0:2", "--", "bench", "--beam", "2")
+  assert r.returncode != 0 and "needs BEAM=0 (here 2)" in r.stderr
+  r = run("--kernel", "16,2=UPCAST:0:2", "--", "bench", BEAM="1")
+  assert r.returncode != 0 and "needs BEAM=0 (here 1)" in r.stderr
+  r = run("--kernel", "16,2=UPCST:0:2", "--", "bench", "--beam", "0")
+  assert r.returncode != 0 and "'UPCST:0:2' is not an opt" in r.stderr
