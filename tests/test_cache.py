@@ -188,9 +188,9 @@ def test_prewarm_stopped_by_sigterm_ends_quietly(tiny, tmp_path, to):
   """SIGTERM in the middle of a BEAM search (`timeout`, `kill`, a stopped unit) ends the prewarm with 143, a line saying
   what is kept, its worker pool ended: no worker's BrokenPipeError traceback, no leaked-semaphore warning (issue 25).
   `timeout` and systemd signal the whole process group, workers included: sent so while the pool was idle (right after a
-  batch of kernels), half the prewarms hung in Pool.terminate() on a lock a killed worker held (tinygrad patch 001).
+  batch of kernels), half the prewarms hung in Pool.terminate() on a lock a killed worker held (tinygrad patch 0018).
   The fork server is in the group too: killed while the pool replaced a dead worker, it refused the connection and that
-  thread printed a ConnectionRefusedError traceback (CI, 1 run of many; tinygrad patch 0041 has it block SIGTERM).""""""
+  thread printed a ConnectionRefusedError traceback (CI, 1 run of many; tinygrad patch 0041 has it block SIGTERM)."""
   import random, signal, time
   env = {**os.environ, "DEV": "CPU", "BEAM": "1", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
   p = subprocess.Popen([sys.executable, "-m", "orin_llm", "prewarm", "--model", str(tiny), "--cache", str(tmp_path), "--context", "128"],
