@@ -4,8 +4,8 @@ signal refused the connection (multiprocessing restarts a server only once its p
 ConnectionRefusedError traceback before the prewarm ended its pool (CI's tests/test_cache.py group test, twenty-ninth session). The race is
 a few milliseconds wide; what closes it is tested: the server outlives a SIGTERM and serves the replacements, and still ends with the
 process it serves. Blocked, not ignored: a worker forked from it ended by a SIGTERM before its initializer ran (Pool's finalizer right after a
-short-lived pool started) kept running when the server ignored it, and held its caller's stdout open (test_0007's held lock, 1 run in 3)."""
-import os, sys, textwrap, time
+short-lived pool started) kept running when the server ignored it, and held its caller's stdout open (test_0007's held lock, 2 runs in 4)."""
+import os, sys, textwrap
 from conftest import run_in_own_session
 
 SCRIPT = textwrap.dedent("""
@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent("""
   signal.signal(signal.SIGTERM, lambda s, f: got.append(s))  # a prewarm's handler: this process goes on to end its pool
   pool = worker.get_worker_pool()
   assert sorted(pool.map(abs, [-1, -2, -3, -4])) == [1, 2, 3, 4]
-  # a worker sets SIGTERM back to its default (the server's is ignored now): Pool.terminate ends the workers with it
+  # a worker runs with SIGTERM at its default and unblocked (the server blocks it): Pool.terminate ends the workers with it
   dfl = pool.apply(signal.getsignal, (signal.SIGTERM,)) == signal.SIG_DFL and signal.SIGTERM not in pool.apply(signal.pthread_sigmask, (signal.SIG_BLOCK, []))
   server, first = forkserver._forkserver._forkserver_pid, [p.pid for p in pool._pool]
   if os.environ["TO"] == "server":
@@ -32,14 +32,11 @@ SCRIPT = textwrap.dedent("""
   print("pool", worker.worker_pool, flush=True)
 """)
 
-def _gone(pid: int) -> bool:  # ended, or a zombie nobody reaps (the server's parent has exited; a container's init may not reap)
-  try:
-    with open(f"/proc/{pid}/stat") as f: return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-  except FileNotFoundError: return True
-
 def _run(tmp_path, to):
   (tmp_path / "sigterm.py").write_text(SCRIPT)
   env = {**os.environ, "DEV": "CPU", "PARALLEL": "2", "BEAM_MP_CTX": "forkserver", "TO": to}
+  # the fork server keeps the script's stdout open: communicate() returning says that it ended with the script (it blocks SIGTERM, so nothing
+  # else ends it); one left running is reported as "did not return"
   out, err = run_in_own_session([sys.executable, str(tmp_path / "sigterm.py")], env, 60)
   assert "pool None" in out and "Traceback" not in err, (out, err[-3000:])
   return out
@@ -50,14 +47,29 @@ def test_the_fork_server_outlives_a_sigterm(tmp_path):
   assert "same True replaced True worker default True got []" in out, out
 
 def test_a_group_sigterm_ends_quietly_and_so_does_the_server(tmp_path):
-  out = _run(tmp_path, "group")
-  assert "same True replaced True worker default True got [15]" in out, out
-  # it ignores SIGTERM, so nothing but the end of the processes it serves ends it: run_in_own_session's SIGKILL to the group came after the
-  # script had exited, so wait for the server without it
-  server = int(out.split("server ")[1].split()[0])
-  deadline = time.monotonic() + 10
-  while not _gone(server) and time.monotonic() < deadline: time.sleep(0.1)
-  assert _gone(server), f"fork server {server} still running after its client exited"
+  assert "same True replaced True worker default True got [15]" in _run(tmp_path, "group")
+
+# the server is spawned with SIGTERM blocked, before it imports anything (its preload takes ~0.1-1 s): PRELOAD=none starts it without
+# forkserver_preload. A child it forks (here a plain Process, no pool initializer) runs with SIGTERM unblocked: raise_signal ends it
+STARTED = textwrap.dedent("""
+  import os, signal
+  from multiprocessing import forkserver
+  from tinygrad.engine import worker
+  ctx = worker._forkserver_context()
+  if os.environ["PRELOAD"] == "none": ctx.set_forkserver_preload([])
+  p = ctx.Process(target=signal.raise_signal, args=(signal.SIGTERM,))
+  p.start(); p.join(30)
+  with open(f"/proc/{forkserver._forkserver._forkserver_pid}/status") as f:
+    blocked = int(next(l for l in f if l.startswith("SigBlk")).split()[1], 16) >> (signal.SIGTERM - 1) & 1
+  print("server blocks", bool(blocked), "child exit", p.exitcode, flush=True)
+""")
+
+def test_the_server_blocks_sigterm_from_its_start_and_its_children_do_not(tmp_path):
+  (tmp_path / "started.py").write_text(STARTED)
+  for preload, child in (("none", 0), ("default", -15)):  # none: nothing unblocks it in the child, so it stays pending
+    env = {**os.environ, "DEV": "CPU", "BEAM_MP_CTX": "forkserver", "PRELOAD": preload}
+    out, err = run_in_own_session([sys.executable, str(tmp_path / "started.py")], env, 60)
+    assert f"server blocks True child exit {child}" in out, (preload, out, err[-3000:])
 
 SHORT = textwrap.dedent("""
   from tinygrad.engine import worker
