@@ -262,6 +262,49 @@ def affine_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
 # matrices (H100, 1B Q6_K, docs/PERF.md, sixth session); decode and verify rows (at most 16) stay below it
 MATMUL_ROWS = 32
 
+# ORIN_LLM_TC_ROWS (an experiment's knob: 0, the default, is off; part of the steps file's key): products of at least
+# this many input rows and fewer than MATMUL_ROWS (batch and verify steps), of a type affine() writes, take the fused
+# tensor-core form (tc_product): each weight dequantized in float16 inside the product's kernel, multiplied with the
+# rows on tensor cores (mma.m16n8k16: 16 weight rows by 8 input rows), each weight word read once for all rows. One
+# sum's kernel (patch 0038's layouts) takes 1.2-2.4x a single row's for 4-8 rows (docs/PERF.md, twenty-ninth session);
+# issue 19's batches and issue 20's verify steps want ~1.3x. Not measured on a GPU (thirty-first session): tinygrad's
+# heuristic picks tensor cores for it only with TC_OPT=1 (its planes give four reduce axes), BEAM may.
+def tc_rows(env=os.environ) -> int:
+  """ORIN_LLM_TC_ROWS: 0 (off, the default) or a number of input rows from 2 to MATMUL_ROWS - 1."""
+  raw = env.get("ORIN_LLM_TC_ROWS", "0").strip()
+  if not raw.isdigit() or not (int(raw) == 0 or 2 <= int(raw) < MATMUL_ROWS):
+    raise OrinError(f"ORIN_LLM_TC_ROWS={raw!r}: 0 (off, the default) or a number of input rows from 2 to {MATMUL_ROWS - 1} "
+                    "is needed")
+  return int(raw)
+TC_ROWS = tc_rows()
+
+def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
+  """x (T, I) @ W.T in one kernel that tensor cores can take: W in float16, computed from its pieces cast to float16
+  (u*a + b). The pieces, not the dequantized float32 W, are cast: a cast of W (an elementwise node between the rows'
+  broadcast and a computation reading more than 3 buffers) made tinygrad write W to memory in a kernel of its own
+  (rangeify realizes such a node, and inlines it again only when it reads at most 3 buffers); each piece reads 2.
+  W is the multiply's first operand, so that tinygrad puts its rows on the tensor core's 16-wide side and the input's
+  on the 8-wide one. Rounding: a and b once each to float16, then their product and sum in float16 (the prefill's
+  float16 copies round W once); sums in float32."""
+  u, a, b, G = affine(planes, qtype)
+  (O, I), T, S = u.shape, x.shape[0], tc_parts(u.shape[1])
+  # the reduction in S parts side by side (S times the warps: a warp takes 16 weight rows, and the 1B's Q/K/V has 192
+  # such tiles), their float32 sums added by a small kernel. Each piece is reshaped into the parts before they are
+  # combined: a reshape of the combined W (four buffers) between it and the rows' broadcast is realized as W was
+  part = lambda t: t.reshape(O, S, I // S)
+  w = part(u.cast(dtypes.float16)) * part(_per_group(a.cast(dtypes.float16), G))
+  if b is not None: w = w + part(_per_group(b.cast(dtypes.float16), G))
+  y = (w * x.cast(dtypes.float16).reshape(T, 1, S, I // S)).sum(-1, dtype=dtypes.float32)  # (T, O, S)
+  return y.reshape(T, O) if S == 1 else y.contiguous().sum(-1)
+
+# tc_product's parts: each at least TC_PART_LEN long, so that the parts' float32 sums (4 bytes a row and weight row a
+# part) stay a few percent of the weights' bytes (~0.56 a weight for Q4_K): 8 rows, Q4_K, parts of 1024: 5.6%
+TC_PART_LEN = 1024
+def tc_parts(cols: int) -> int:
+  """The parts tc_product splits a reduction of cols into: the most that divide it into whole 256-blocks of at least
+  TC_PART_LEN."""
+  return max([s for s in range(1, cols // TC_PART_LEN + 1) if cols % s == 0 and (cols // s) % 256 == 0] or [1])
+
 # A matrix product's output tiles each walk the whole reduction in turn; with few rows there are few tiles: the 32-row
 # chunk's products ran at 125-820 GB/s of weights after a full search (ffn_down, 8192 long: 155 us a layer; H200, 1B
 # Q6_K, eighteenth session, docs/PERF.md). So the reduction is split into parts, multiplied side by side (one more
@@ -351,5 +394,7 @@ class QuantWeight:
       L = self.cols // S
       xs, ws = x16.reshape(-1, S, L).permute(1, 0, 2), w.reshape(self.rows, S, L).permute(1, 2, 0)
       return xs.matmul(ws, dtype=dtypes.float32).contiguous().sum(0)
+    if TC_ROWS and isinstance(x.shape[0], int) and x.shape[0] >= TC_ROWS and self.qtype in AFFINE_ABLE:
+      return tc_product(x, self.planes, self.qtype)
     if self.affine(x): return affine_product(x, self.planes, self.qtype)
     return (x.unsqueeze(-2) * self.weights()).sum(-1)

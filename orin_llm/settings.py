@@ -101,8 +101,9 @@ SEARCH_DEFAULTS = {
 # hand-coded opts, which patches 0038-0040 lay out). BEAM picks a kernel by its time alone, and alone did not rank
 # decode's products as the step does: 64 lanes for the 1B's Q/K/V, attention output and ffn_down took 13-25% less time
 # alone, yet the step with them (and the gate+up, alone 2% slower) in 64 lanes ran 8.6% slower, the gate+up's share
-# 5.8% (docs/PERF.md, twenty-ninth session). An experiment's knob until measured against a full search (issue 25);
-# part of the steps file's key. tinygrad's JITBEAM would set every captured step's search: refused beside "prefill".
+# 5.8% (docs/PERF.md, twenty-ninth session). Measured against a full search (thirty-first session, 1B Q6_K, H200):
+# decode's searches take 15 s of a 495 s prewarm and give decode 7% (923 against 860 tok/s at depth 0, 803 against 745
+# at 4096), so "all" stays the default and "prefill" an experiment's knob. Part of the steps file's key. tinygrad's JITBEAM would set every captured step's search: refused beside "prefill".
 BEAM_STEP_CHOICES = ("all", "prefill")
 def beam_steps(env=os.environ) -> str:
   """ORIN_LLM_BEAM_STEPS: all (default) or prefill."""

@@ -70,7 +70,8 @@ def _opts_env() -> dict:
   """The settings of the hand-coded opts (tinygrad's matvec heuristic, patches 0003, 0013, 0017, 0020, 0022: MV_*; the
   tensor-core products', 0032, 0034, 0036: TC_*; the rows over keys, 0033: RED_KEYS; the BEAM search's bounds), which the
   kernel database does not key, the decode attention's segments (model.SEGMENTS), the chunk products' split
-  (quant.SPLIT_LEN), the affine form's types and rows (quant.AFFINE, AFFINE_ROWS) and the steps BEAM searches
+  (quant.SPLIT_LEN), the affine form's types and rows (quant.AFFINE, AFFINE_ROWS), the few rows' tensor-core form
+  (quant.TC_ROWS) and the steps BEAM searches
   (settings.BEAM_STEPS): steps compiled under other values
   are other programs."""
   from orin_llm.settings import SEARCH_DEFAULTS
@@ -79,6 +80,7 @@ def _opts_env() -> dict:
   # as in effect: unset and 1 are the same programs, so are "Q4_K,Q6_K" and "Q6_K,Q4_K", and any rows with no type
   env["ORIN_LLM_AFFINE"] = ",".join(sorted(t.name for t in quant.AFFINE))
   env["ORIN_LLM_AFFINE_ROWS"] = str(quant.AFFINE_ROWS if quant.AFFINE else 1)
+  env["ORIN_LLM_TC_ROWS"] = str(quant.TC_ROWS)  # the few-row products' fused tensor-core form
   from orin_llm import settings
   env["ORIN_LLM_BEAM_STEPS"] = settings.BEAM_STEPS  # which steps a search took (engine.searched)
   # the search's bounds ([beam] time_limit and min_us), as in effect: steps captured after a shorter search are not loaded

@@ -4,11 +4,13 @@ layout is judged by the time of the whole step it runs in. One kernel's time alo
 ~10% from call to call, and one by one in the step (scripts/profile_decode.py, DEBUG=2) each kernel carries ~10 us of
 synchronization: neither ranked the 1B's decode step (docs/PERF.md, twenty-ninth session: the gate+up in 64 lanes
 within the spread alone, 5.8% slower in the step).
-  python3 scripts/step_opts.py [--list] [--kernel SHAPE=OPTS ...] -- bench --model M --beam 0 --depth 0 ...
+  python3 scripts/step_opts.py [--list] [--kernel SHAPE=OPTS ...] [--kernels FILE] -- bench --model M --beam 0 ...
 --list: print each kernel's shape before opts (the key --kernel takes) and the opts it got, to stderr.
 --kernel SHAPE=OPTS: every kernel whose shape before opts is SHAPE (comma-separated sizes as --list prints them, `?` for
-any size: a symbolic one) takes OPTS (Scheduler.apply_opt's, e.g. UPCAST:0:2,LOCAL:0:4,GROUP:1:4) instead of the
-heuristic's; a list that does not apply is an error, not a silent fallback. The overrides join the steps file's key
+any size: a symbolic one; `r:` or `E:` first, as --list prints, takes only reductions or elementwise kernels) takes
+OPTS (Scheduler.apply_opt's, e.g. UPCAST:0:2,LOCAL:0:4,GROUP:1:4; a tensor core's TC:0:-1/0/1) instead of the
+heuristic's; a list that does not apply is an error, not a silent fallback. --kernels FILE: one SHAPE=OPTS a line
+(scripts/searched_opts.py writes a BEAM ledger's searched layouts so). The overrides join the steps file's key
 (MV_STEP_OPTS): a run with other overrides does not load this one's steps.
 With --kernel, BEAM must be 0: a search would start from the override and keep it in the BEAM database under the
 kernel's own key. Kernels compile in this process (PARALLEL=0); `serve` and `prewarm` set PARALLEL from [beam] workers
@@ -19,14 +21,19 @@ def shape_key(shape) -> str:
   """A kernel's shape as --list prints it and --kernel matches it: ints as they are, a symbolic size as `?`."""
   return ",".join(str(d) if isinstance(d, int) else "?" for d in shape)
 
+def opt_text(o) -> str:
+  """Opt(UPCAST, 0, 2) -> UPCAST:0:2; a tensor core's tuple argument joined by `/` (TC:0:-1/0/1)."""
+  arg = "/".join(str(x) for x in o.arg) if isinstance(o.arg, tuple) else o.arg
+  return f"{o.op.name}:{o.axis}:{arg}"
+
 def parse_opts(text: str) -> list:
-  """UPCAST:0:2,LOCAL:0:4 -> [Opt(UPCAST, 0, 2), Opt(LOCAL, 0, 4)]."""
+  """UPCAST:0:2,LOCAL:0:4 -> [Opt(UPCAST, 0, 2), Opt(LOCAL, 0, 4)]; TC:0:-1/0/1 -> Opt(TC, 0, (-1, 0, 1))."""
   from tinygrad.codegen.opt import Opt, OptOps
   out = []
   for o in text.split(","):
     try:
       op, axis, arg = o.strip().split(":")
-      out.append(Opt(OptOps[op], int(axis), int(arg)))
+      out.append(Opt(OptOps[op], int(axis), tuple(int(x) for x in arg.split("/")) if "/" in arg else int(arg)))
     except (ValueError, KeyError): raise ValueError(f"{o.strip()!r} is not an opt (OP:AXIS:ARG, OP one of "
                                                     f"{', '.join(x.name for x in OptOps)})") from None
   return out
@@ -37,14 +44,17 @@ def install(overrides: dict[str, str], listing: bool = False, out=sys.stderr) ->
   orig = getattr(h.hand_coded_optimizations, "_orig", h.hand_coded_optimizations)
   parsed = {k: parse_opts(v) for k, v in overrides.items()}
   def hand_coded_optimizations(k):
-    key = shape_key(k.full_shape)
-    if key in parsed:
+    # the kind first (r: a reduction, E: elementwise, as tinygrad's names begin), as --list prints it: shapes alone
+    # collide (r_512_2048, a norm's sum, and E_512_2048, its scaling, in one prefill chunk)
+    key = f"{'r' if k.reduceops else 'E'}:{shape_key(k.full_shape)}"
+    match = key if key in parsed else key[2:] if key[2:] in parsed else None
+    if match is not None:
       nk = k.copy()
-      for opt in parsed[key]: nk.apply_opt(opt)  # a KernelOptError propagates: the override is wrong, say so
+      for opt in parsed[match]: nk.apply_opt(opt)  # a KernelOptError propagates: the override is wrong, say so
       ret = nk
     else: ret = orig(k)
-    if listing: print(f"step_opts: {key} {'override' if key in parsed else 'heuristic'} "
-                      f"{','.join(f'{o.op.name}:{o.axis}:{o.arg}' for o in ret.applied_opts)}", file=out, flush=True)
+    if listing: print(f"step_opts: {key} {'override' if match is not None else 'heuristic'} "
+                      f"{','.join(opt_text(o) for o in ret.applied_opts)}", file=out, flush=True)
     return ret
   hand_coded_optimizations._orig = orig
   h.hand_coded_optimizations = hand_coded_optimizations
@@ -63,11 +73,15 @@ def main(argv: list[str]) -> None:
   it = iter(ours)
   for a in it:
     if a == "--list": listing = True
-    elif a == "--kernel":
-      spec = next(it, None)
-      if spec is None or "=" not in spec: sys.exit("step_opts: --kernel SHAPE=OPTS")
-      shape, opts = spec.split("=", 1)
-      overrides[shape.replace(" ", "")] = opts
+    elif a in ("--kernel", "--kernels"):
+      arg = next(it, None)
+      if arg is None: sys.exit(f"step_opts: {a} needs an argument")
+      try: specs = [arg] if a == "--kernel" else [s for s in open(arg).read().splitlines() if s.strip()]
+      except OSError as e: sys.exit(f"step_opts: --kernels {arg}: {e.strerror}")
+      for spec in specs:
+        if "=" not in spec: sys.exit(f"step_opts: {spec!r}: SHAPE=OPTS is needed")
+        shape, opts = spec.split("=", 1)
+        overrides[shape.replace(" ", "")] = opts.strip()
     else: sys.exit(f"step_opts: unknown argument {a!r}\n{__doc__}")
   beam = os.environ.get("BEAM", "0")
   for i, a in enumerate(cmd):

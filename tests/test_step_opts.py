@@ -32,6 +32,10 @@ RUN = textwrap.dedent('''
   override = "LOCAL:0:2,UNROLL:0:0,UNROLL:0:0,GROUP:1:4,GROUP:0:16"
   step_opts.install({keys[0]: override})
   after6, after4, env = opts(2048, 4096, QT.Q6_K), opts(1024, 2048, QT.Q4_K), os.environ.get("MV_STEP_OPTS")
+  step_opts.install({"E" + keys[0][1:]: override})  # the shape with the other kind: an elementwise kernel's key
+  wrong_kind = opts(2048, 4096, QT.Q6_K)
+  step_opts.install({keys[0][2:]: override})  # the shape alone: either kind
+  plain = opts(2048, 4096, QT.Q6_K)
   step_opts.install({keys[0]: "UPCAST:0:3"})  # 3 does not divide the rows
   try: opts(2048, 4096, QT.Q6_K); refused = False
   except Exception as e: refused = type(e).__name__
@@ -43,7 +47,7 @@ RUN = textwrap.dedent('''
   Tensor.realize(w(x) + 1, (w(x) * 2).sum())
   realized = len(listing.getvalue().splitlines())
   print(json.dumps({"realized": realized, "keys": keys, "before6": before6, "before4": before4, "after6": after6, "after4": after4,
-                    "override": override, "env": env, "refused": refused}))
+                    "override": override, "env": env, "refused": refused, "wrong_kind": wrong_kind, "plain": plain}))
 ''')
 
 def test_override_by_shape():
@@ -53,11 +57,12 @@ def test_override_by_shape():
   assert r.returncode == 0, r.stderr[-3000:]
   d = json.loads(r.stdout.strip().splitlines()[-1])
   assert len(d["keys"]) == 2 and d["keys"][0] != d["keys"][1]  # one product kernel each, told apart by shape
-  assert d["keys"][0].startswith("2048,")
+  assert d["keys"][0].startswith("r:2048,")  # a reduction's kind, then its shape
   [h6], [h4] = d["before6"], d["before4"]
   assert h6 != d["override"].split(",")  # the heuristic's own (0039: 32 lanes)
   assert d["after6"] == [d["override"].split(",")]  # replaced
   assert d["after4"] == [h4]  # the other kernel keeps the heuristic's
+  assert d["wrong_kind"] == [h6] and d["plain"] == [d["override"].split(",")]
   assert d["env"] == f"{d['keys'][0]}={d['override']}"  # in the steps file's key (MV_*)
   assert d["refused"] == "KernelOptError"
   assert d["realized"] >= 2  # the realized kernels' opts were chosen in this process, where the replacement is

@@ -1,0 +1,117 @@
+"""ORIN_LLM_TC_ROWS (quant.TC_ROWS, an experiment's knob): a few rows' product in the fused tensor-core form
+(quant.tc_product). Against gguf's dequantization in float64 on the CPU; as one kernel (the dequantized float16 matrix
+not written to memory) that tinygrad's tensor-core opt takes, rendered for sm_90; the knob's refusals and its place in
+the steps file's key."""
+import re
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT, GGML_QUANT_SIZES
+from gguf.quants import dequantize as gguf_dequantize
+from tinygrad import Tensor, dtypes
+from orin_llm import quant
+from orin_llm.errors import OrinError
+from orin_llm.quant import QuantWeight, tc_product, tc_rows
+
+def random_raw(qtype, O, K, rng):
+  """Random blocks of qtype with finite, small float16 scales (random bytes there would give infinities)."""
+  block, bsize = GGML_QUANT_SIZES[qtype]
+  raw = rng.integers(0, 256, size=(O * K // block, bsize), dtype=np.uint8)
+  halves = {QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q4_1: (0, 2), QT.Q5_1: (0, 2), QT.Q6_K: (bsize - 2, 1)}.get(qtype, (0, 1))
+  raw[:, halves[0]:halves[0] + 2 * halves[1]] = rng.uniform(1e-3, 1e-2, size=(raw.shape[0], halves[1])).astype(np.float16).view(np.uint8)
+  return raw
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q5_K, QT.Q4_0], ids=lambda q: q.name)
+def test_tc_product_matches_gguf(qtype, rng):
+  """Rounded to float16 in its pieces (a, b, then u*a + b) with float32 sums: within 3e-3 of the float64 product at the
+  output's scale (a float16 matrix rounds each weight by up to 2^-11 relative; the error of a wrong scale or group
+  is of the output's own size)."""
+  O, K, R = 16, int(rng.choice([512, 2048])), int(rng.integers(2, 9))  # 2048: the reduction in two parts (quant.tc_parts)
+  raw = random_raw(qtype, O, K, rng)
+  x = rng.normal(size=(R, K)).astype(np.float32)
+  qw = QuantWeight.from_raw(raw.reshape(-1), qtype, O, K, "CPU")
+  y = tc_product(Tensor(x, device="CPU"), qw.planes, qtype).numpy()
+  ref = x.astype(np.float64) @ gguf_dequantize(raw.reshape(O, -1), qtype).astype(np.float64).T
+  assert y.dtype == np.float32 and y.shape == (R, O)
+  assert np.abs(y - ref).max() / np.abs(ref).max() < 3e-3
+
+def kernels(qtype, O, K, R, tc: bool):
+  """The kernels of an R-row product of a weight (O, K) in the fused form, each optimized for an sm_90 CUDA renderer on
+  the CPU: (name, opts) each; with tc, the opts are tinygrad's tensor-core opt alone (Opt(TC, 0, (-1, 0, 1)))."""
+  from tinygrad.codegen.opt import Opt, OptOps
+  from tinygrad.codegen.opt.postrange import Scheduler
+  from tinygrad.codegen import full_rewrite_to_sink
+  from tinygrad.helpers import Target
+  from tinygrad.renderer.cstyle import CUDARenderer
+  from tinygrad.uop.ops import Ops
+  ren = CUDARenderer(Target("CUDA", "", "sm_90"), use_nvcc=True)
+  planes = {n: Tensor.empty(O, K // 256 * w, dtype=dtypes.uint32 if dt is np.uint32 else dtypes.float16, device="CPU")
+            for n, w, dt in quant._FAST_PLANES[qtype]}
+  y = tc_product(Tensor.empty(R, K, device="CPU"), planes, qtype)
+  asts = [c.src[0] for c in y.linear_with_vars()[0].src if c.op is Ops.CALL and c.src[0].op is Ops.SINK]
+  out = []
+  for ast in asts[:1] if tc else asts:  # the product (then, in parts, their sum)
+    if tc:
+      k = Scheduler(ast, ren)
+      k.apply_opt(Opt(OptOps.TC, 0, (-1, 0, 1)))  # raises KernelOptError where tensor cores do not apply
+      out.append(("tc", [f"{o.op.name}" for o in k.applied_opts]))
+    else:
+      s = full_rewrite_to_sink(ast, ren)
+      out.append((re.sub(r"\x1b\[[0-9;]*m", "", s.arg.name), s.arg.applied_opts))
+  return out
+
+@pytest.mark.parametrize("qtype,O,K", [(QT.Q6_K, 2048, 2048), (QT.Q4_K, 2048, 8192)], ids=["Q6_K", "Q4_K"])
+def test_one_kernel_with_tensor_cores(qtype, O, K):
+  """For 4, 8 and 16 rows the dequantized matrix stays in the product's kernel, whose parts a second kernel adds (a cast
+  of the whole matrix made tinygrad write it to memory first, an elementwise kernel of its own). With the weights first in the multiply, the tensor-core opt
+  takes the kernel (16 weight rows by 8 input rows); with the rows first it needs padding and is refused."""
+  parts = quant.tc_parts(K)
+  assert parts > 1
+  for R in (4, 8, 16):
+    ks = kernels(qtype, O, K, R, tc=False)
+    # the product, then the sum of its parts: no elementwise kernel (the matrix written out)
+    assert len(ks) == 2 and all(name.startswith("r_") for name, _ in ks), ks
+  assert kernels(qtype, O, K, 8, tc=True) == [("tc", ["TC"])]
+
+def test_the_knob(monkeypatch, tmp_path):
+  assert tc_rows({}) == 0 and tc_rows({"ORIN_LLM_TC_ROWS": "2"}) == 2 and tc_rows({"ORIN_LLM_TC_ROWS": " 8 "}) == 8
+  for bad in ("1", str(quant.MATMUL_ROWS), "eight", "-2"):
+    with pytest.raises(OrinError, match="ORIN_LLM_TC_ROWS"): tc_rows({"ORIN_LLM_TC_ROWS": bad})
+  # a weight's product takes the form from TC_ROWS rows on, up to MATMUL_ROWS
+  calls = []
+  monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype: calls.append(x.shape[0]) or Tensor.zeros(x.shape[0], 16))
+  rng = np.random.default_rng()
+  qw = QuantWeight.from_raw(random_raw(QT.Q6_K, 16, 256, rng).reshape(-1), QT.Q6_K, 16, 256, "CPU")
+  for on in (0, 4):
+    monkeypatch.setattr(quant, "TC_ROWS", on)
+    for R in (1, 3, 4, 8):
+      qw(Tensor.empty(R, 256, device="CPU"))
+  assert calls == [4, 8]
+  # part of the steps file's key, as in effect
+  from orin_llm import step_cache
+  keys = {}
+  for on in (0, 4):
+    monkeypatch.setattr(quant, "TC_ROWS", on)
+    keys[on] = step_cache._opts_env()
+  assert keys[0]["ORIN_LLM_TC_ROWS"] == "0" and keys[4]["ORIN_LLM_TC_ROWS"] == "4"
+
+def test_a_batch_step_in_the_form(tmp_path, rng, monkeypatch):
+  """ORIN_LLM_TC_ROWS=2: a batch step of 3 sequences (a Q4_K model: Q4_K and Q6_K products) runs its products in the
+  fused tensor-core form; its logits are those of one sum within float16's rounding of the weights."""
+  from conftest import LLAMA_VOCAB
+  from orin_llm.engine import Engine
+  from orin_llm.synth import write_model, preset
+  V = 2048
+  path = write_model(tmp_path / "m.gguf", preset("tiny-llama"), QT.Q4_K, LLAMA_VOCAB, seed=int(rng.integers(1 << 31)), vocab_size=V)
+  prompts = [rng.integers(0, V, int(n)).tolist() for n in rng.choice(np.arange(3, 30), 3, replace=False)]
+  logits, calls = {}, []
+  real = quant.tc_product
+  monkeypatch.setattr(quant, "tc_product", lambda x, p, q: calls.append(x.shape[0]) or real(x, p, q))
+  for on in (0, 2):
+    monkeypatch.setattr(quant, "TC_ROWS", on)
+    e = Engine(path, max_context=64, chunk=8, max_batch=4)
+    for s, p in enumerate(prompts): e.prefill(s, p)
+    e.decode([0, 1, 2], 1)
+    logits[on] = e.state.logits[0:3].numpy()
+  assert calls and set(calls) <= {2, 3, 4, 8}  # the batch's products (and prefill chunks under MATMUL_ROWS)
+  err = float(np.linalg.norm(logits[2] - logits[0]) / np.linalg.norm(logits[0]))
+  assert 0 < err < 2e-3  # not the same program (0: the knob did nothing), and float16 weights rounded (~1e-4 seen)
