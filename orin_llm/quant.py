@@ -266,8 +266,8 @@ MATMUL_ROWS = 32
 # this many input rows and fewer than MATMUL_ROWS (batch and verify steps), of a type affine() writes, take the fused
 # tensor-core form (tc_product): each weight dequantized in float16 inside the product's kernel, multiplied with the
 # rows on tensor cores (mma.m16n8k16: 16 weight rows by 8 input rows), each weight word read once for all rows. One
-# sum's kernel (patch 0038's layouts) takes 1.2-2.4x a single row's for 4-8 rows (docs/PERF.md, twenty-ninth session);
-# issue 19's batches and issue 20's verify steps want ~1.3x. Not measured on a GPU (thirty-first session): tinygrad's
+# sum's kernel (patch 0038's layouts) for 8 rows takes 2.2x a single row's in the affine form (the 8B's gate+up: 115
+# against 51 us alone; docs/PERF.md, twenty-ninth session); issue 20's verify steps want at most 1.3x. Not measured on a GPU (thirty-first session): tinygrad's
 # heuristic picks tensor cores for it only with TC_OPT=1 (its planes give four reduce axes), BEAM may.
 def tc_rows(env=os.environ) -> int:
   """ORIN_LLM_TC_ROWS: 0 (off, the default) or a number of input rows from 2 to MATMUL_ROWS - 1."""
@@ -285,7 +285,8 @@ def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
   (rangeify realizes such a node, and inlines it again only when it reads at most 3 buffers); each piece reads 2.
   W is the multiply's first operand, so that tinygrad puts its rows on the tensor core's 16-wide side and the input's
   on the 8-wide one. Rounding: a and b once each to float16, then their product and sum in float16 (the prefill's
-  float16 copies round W once); sums in float32."""
+  float16 copies round W once); sums in float32. A group scale under float16's normal range (~6e-5: weights under
+  ~1e-3) keeps fewer bits than W's own rounding would."""
   u, a, b, G = affine(planes, qtype)
   (O, I), T, S = u.shape, x.shape[0], tc_parts(u.shape[1])
   # the reduction in S parts side by side (S times the warps: a warp takes 16 weight rows, and the 1B's Q/K/V has 192

@@ -12,14 +12,22 @@ Prints one SHAPE=OPTS a line, for `step_opts.py --kernels KERNELS -- bench --bea
 import argparse, json, lzma, re, sys
 
 def split_name(name: str) -> tuple[str, list[str]]:
-  """A kernel's name (r_4_8_2048_72_((start_pos+255)//256*64+128)) -> its kind and sizes, a symbolic size whole."""
-  kind, sizes, depth, cur = name[0], [], 0, ""
+  """A kernel's name (r_4_8_2048_72_((start_pos+255)//256*64+128)) -> its kind and sizes, a symbolic size whole: an
+  expression in parentheses, or a variable's bare name, which may hold `_` itself (E_group_blocks_4096_256: the
+  engine's start_pos, chunk_len, hist_row, group_blocks). Parts that begin with a letter and follow each other are one
+  name (no kernel's name has two bare variables side by side)."""
+  kind, parts, depth, cur = name[0], [], 0, ""
   if kind not in "rE" or name[1:2] != "_": raise ValueError(f"{name!r}: not a kernel's name (r_... or E_...)")
   for ch in name[2:]:
     depth += (ch == "(") - (ch == ")")
-    if ch == "_" and depth == 0: sizes.append(cur); cur = ""
+    if ch == "_" and depth == 0: parts.append(cur); cur = ""
     else: cur += ch
-  sizes.append(cur)
+  parts.append(cur)
+  sizes: list[str] = []
+  for p in parts:
+    if not p: raise ValueError(f"{name!r}: an empty size")
+    if p[0].isalpha() and sizes and sizes[-1][0].isalpha(): sizes[-1] += "_" + p
+    else: sizes.append(p)
   return kind, sizes
 
 def shape_key(name: str) -> str:
@@ -38,20 +46,22 @@ def opt_text(opt: str) -> str:
 
 def overrides(rows: list[dict], min_gain: float = 0.05, match: str | None = None) -> tuple[dict[str, str], list[str]]:
   """{step_opts key: opts} of the searched kernels that gained at least min_gain alone, and the reasons others were left
-  out. Two kernels of one key with different opts: the one that gained more time a step (time x uses) is kept."""
-  out, best, notes = {}, {}, []
+  out. Two layouts of one key: the one that gained more time a step (time x uses, its best row) is kept."""
+  gains: dict[str, dict[str, float]] = {}  # key -> opts -> the most time a step it gained
+  notes = []
   for r in rows:
     if r.get("skipped_small") or r.get("kept_heuristic") or not r.get("opts"): continue
     if match and not re.search(match, r["name"]): continue
-    h, f = r["heuristic_us"], r["final_us"]
-    if not h or (h - f) / h < min_gain: continue
+    h, f = r.get("heuristic_us"), r.get("final_us")
+    if not isinstance(h, (int, float)) or not isinstance(f, (int, float)) or h <= 0 or (h - f) / h < min_gain: continue
     try: key, opts = shape_key(r["name"]), ",".join(opt_text(o) for o in r["opts"])
     except ValueError as e: notes.append(f"{r['name']}: left out, {e}"); continue
-    gain = (h - f) * r.get("uses", 1)
-    if key in out and out[key] != opts:
-      notes.append(f"{key}: two searched layouts, the one that gained {max(gain, best[key]):.1f} us a step kept")
-      if gain <= best[key]: continue
-    out[key], best[key] = opts, gain
+    layouts = gains.setdefault(key, {})
+    layouts[opts] = max(layouts.get(opts, float("-inf")), (h - f) * r.get("uses", 1))
+  out = {}
+  for key, layouts in gains.items():
+    out[key] = max(layouts, key=layouts.__getitem__)
+    if len(layouts) > 1: notes.append(f"{key}: {len(layouts)} searched layouts, the one that gained {layouts[out[key]]:.1f} us a step kept")
   return out, notes
 
 def main(argv=None) -> None:
@@ -67,9 +77,11 @@ def main(argv=None) -> None:
   if a.list:
     for r in rows:
       if r.get("skipped_small") or not r.get("opts"): continue
-      k = shape_key(r["name"]) if r["name"][:1] in "rE" else r["name"]
-      print(f"searched_opts: {r['name'][:48]:48s} x{r.get('uses', 1):<3d} {r['heuristic_us']:8.1f} -> {r['final_us']:8.1f} us"
-            f"{'  taken' if out.get(k) else ''}", file=sys.stderr)
+      try: k, opts = shape_key(r["name"]), ",".join(opt_text(o) for o in r["opts"])
+      except ValueError: k = opts = None
+      t = lambda v: f"{v:8.1f}" if isinstance(v, (int, float)) else f"{str(v):>8s}"
+      print(f"searched_opts: {r['name'][:48]:48s} x{r.get('uses', 1):<3d} {t(r.get('heuristic_us'))} -> {t(r.get('final_us'))} us"
+            f"{'  taken' if k is not None and out.get(k) == opts else ''}", file=sys.stderr)
   for k, v in out.items(): print(f"{k}={v}")
 
 if __name__ == "__main__": main()

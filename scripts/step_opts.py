@@ -10,7 +10,8 @@ within the spread alone, 5.8% slower in the step).
 any size: a symbolic one; `r:` or `E:` first, as --list prints, takes only reductions or elementwise kernels) takes
 OPTS (Scheduler.apply_opt's, e.g. UPCAST:0:2,LOCAL:0:4,GROUP:1:4; a tensor core's TC:0:-1/0/1) instead of the
 heuristic's; a list that does not apply is an error, not a silent fallback. --kernels FILE: one SHAPE=OPTS a line
-(scripts/searched_opts.py writes a BEAM ledger's searched layouts so). The overrides join the steps file's key
+(scripts/searched_opts.py writes a BEAM ledger's searched layouts so; `#` begins a comment line). A key that no kernel
+of the run took is named on stderr when the process ends. The overrides join the steps file's key
 (MV_STEP_OPTS): a run with other overrides does not load this one's steps.
 With --kernel, BEAM must be 0: a search would start from the override and keep it in the BEAM database under the
 kernel's own key. Kernels compile in this process (PARALLEL=0); `serve` and `prewarm` set PARALLEL from [beam] workers
@@ -38,6 +39,14 @@ def parse_opts(text: str) -> list:
                                                     f"{', '.join(x.name for x in OptOps)})") from None
   return out
 
+_matched: set = set()  # the override keys some kernel took: a key no kernel takes is named when the process ends
+_unmatched_hook: list = []
+_last_overrides: list = []
+
+def _name_unmatched(keys: list, out) -> None:
+  if missed := [k for k in keys if k not in _matched]:
+    print(f"step_opts: no kernel took {', '.join(missed)} (no kernel of the run has that kind and shape, or the run compiled none: its steps came from a cache)", file=out, flush=True)
+
 def install(overrides: dict[str, str], listing: bool = False, out=sys.stderr) -> None:
   """Replace tinygrad's hand_coded_optimizations: a kernel whose shape_key is in overrides takes those opts."""
   import tinygrad.codegen.opt.heuristic as h
@@ -48,6 +57,7 @@ def install(overrides: dict[str, str], listing: bool = False, out=sys.stderr) ->
     # collide (r_512_2048, a norm's sum, and E_512_2048, its scaling, in one prefill chunk)
     key = f"{'r' if k.reduceops else 'E'}:{shape_key(k.full_shape)}"
     match = key if key in parsed else key[2:] if key[2:] in parsed else None
+    if match is not None: _matched.add(match)
     if match is not None:
       nk = k.copy()
       for opt in parsed[match]: nk.apply_opt(opt)  # a KernelOptError propagates: the override is wrong, say so
@@ -57,6 +67,11 @@ def install(overrides: dict[str, str], listing: bool = False, out=sys.stderr) ->
                       f"{','.join(opt_text(o) for o in ret.applied_opts)}", file=out, flush=True)
     return ret
   hand_coded_optimizations._orig = orig
+  if overrides and not _unmatched_hook:  # once a process, for the overrides installed last
+    import atexit
+    _unmatched_hook.append(True)
+    atexit.register(lambda: _name_unmatched(list(_last_overrides), out))
+  _last_overrides.clear(); _last_overrides.extend(overrides)
   h.hand_coded_optimizations = hand_coded_optimizations
   # tinygrad compiles a schedule's kernels in a pool of worker processes, started afresh (forkserver or spawn): they
   # would take the heuristic's opts, not these. Compiled here instead (PARALLEL=0; a BEAM search then runs here too)
@@ -76,7 +91,7 @@ def main(argv: list[str]) -> None:
     elif a in ("--kernel", "--kernels"):
       arg = next(it, None)
       if arg is None: sys.exit(f"step_opts: {a} needs an argument")
-      try: specs = [arg] if a == "--kernel" else [s for s in open(arg).read().splitlines() if s.strip()]
+      try: specs = [arg] if a == "--kernel" else [s for s in open(arg).read().splitlines() if s.strip() and not s.lstrip().startswith("#")]
       except OSError as e: sys.exit(f"step_opts: --kernels {arg}: {e.strerror}")
       for spec in specs:
         if "=" not in spec: sys.exit(f"step_opts: {spec!r}: SHAPE=OPTS is needed")
@@ -91,7 +106,7 @@ def main(argv: list[str]) -> None:
     sys.exit(f"step_opts: --kernel needs BEAM=0 (here {beam}): a search would start from the override and keep it in the "
              "BEAM database under the kernel's own key")
   try: install(overrides, listing)
-  except ValueError as e: sys.exit(f"step_opts: --kernel: {e}")
+  except ValueError as e: sys.exit(f"step_opts: --kernel/--kernels: {e}")
   import runpy
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   sys.argv = ["orin_llm"] + cmd

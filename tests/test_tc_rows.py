@@ -20,12 +20,13 @@ def random_raw(qtype, O, K, rng):
   raw[:, halves[0]:halves[0] + 2 * halves[1]] = rng.uniform(1e-3, 1e-2, size=(raw.shape[0], halves[1])).astype(np.float16).view(np.uint8)
   return raw
 
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q5_K, QT.Q4_0], ids=lambda q: q.name)
-def test_tc_product_matches_gguf(qtype, rng):
+@pytest.mark.parametrize("K", [512, 2048])  # 2048: the reduction in two parts (quant.tc_parts)
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q5_K, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1], ids=lambda q: q.name)
+def test_tc_product_matches_gguf(qtype, K, rng):
   """Rounded to float16 in its pieces (a, b, then u*a + b) with float32 sums: within 3e-3 of the float64 product at the
   output's scale (a float16 matrix rounds each weight by up to 2^-11 relative; the error of a wrong scale or group
   is of the output's own size)."""
-  O, K, R = 16, int(rng.choice([512, 2048])), int(rng.integers(2, 9))  # 2048: the reduction in two parts (quant.tc_parts)
+  O, R = 16, int(rng.integers(2, 9))
   raw = random_raw(qtype, O, K, rng)
   x = rng.normal(size=(R, K)).astype(np.float32)
   qw = QuantWeight.from_raw(raw.reshape(-1), qtype, O, K, "CPU")
@@ -34,7 +35,7 @@ def test_tc_product_matches_gguf(qtype, rng):
   assert y.dtype == np.float32 and y.shape == (R, O)
   assert np.abs(y - ref).max() / np.abs(ref).max() < 3e-3
 
-def kernels(qtype, O, K, R, tc: bool):
+def kernels(qtype, O, K, R, tc: bool, rows_first: bool = False):
   """The kernels of an R-row product of a weight (O, K) in the fused form, each optimized for an sm_90 CUDA renderer on
   the CPU: (name, opts) each; with tc, the opts are tinygrad's tensor-core opt alone (Opt(TC, 0, (-1, 0, 1)))."""
   from tinygrad.codegen.opt import Opt, OptOps
@@ -46,7 +47,12 @@ def kernels(qtype, O, K, R, tc: bool):
   ren = CUDARenderer(Target("CUDA", "", "sm_90"), use_nvcc=True)
   planes = {n: Tensor.empty(O, K // 256 * w, dtype=dtypes.uint32 if dt is np.uint32 else dtypes.float16, device="CPU")
             for n, w, dt in quant._FAST_PLANES[qtype]}
-  y = tc_product(Tensor.empty(R, K, device="CPU"), planes, qtype)
+  if rows_first:  # tc_product's multiply with its operands swapped, the reduction whole
+    u, a, b, G = quant.affine(planes, qtype)
+    w = u.cast(dtypes.float16) * quant._per_group(a.cast(dtypes.float16), G)
+    if b is not None: w = w + quant._per_group(b.cast(dtypes.float16), G)
+    y = (Tensor.empty(R, K, dtype=dtypes.float16, device="CPU").unsqueeze(-2) * w).sum(-1, dtype=dtypes.float32)
+  else: y = tc_product(Tensor.empty(R, K, device="CPU"), planes, qtype)
   asts = [c.src[0] for c in y.linear_with_vars()[0].src if c.op is Ops.CALL and c.src[0].op is Ops.SINK]
   out = []
   for ast in asts[:1] if tc else asts:  # the product (then, in parts, their sum)
@@ -71,6 +77,10 @@ def test_one_kernel_with_tensor_cores(qtype, O, K):
     # the product, then the sum of its parts: no elementwise kernel (the matrix written out)
     assert len(ks) == 2 and all(name.startswith("r_") for name, _ in ks), ks
   assert kernels(qtype, O, K, 8, tc=True) == [("tc", ["TC"])]
+  # the rows first in the multiply: they land on the tensor core's 16-wide side, which 8 rows do not fill (no padding
+  # at this opt level)
+  from tinygrad.codegen.opt import KernelOptError
+  with pytest.raises(KernelOptError): kernels(qtype, O, K, 8, tc=True, rows_first=True)
 
 def test_the_knob(monkeypatch, tmp_path):
   assert tc_rows({}) == 0 and tc_rows({"ORIN_LLM_TC_ROWS": "2"}) == 2 and tc_rows({"ORIN_LLM_TC_ROWS": " 8 "}) == 8
