@@ -267,8 +267,9 @@ MATMUL_ROWS = 32
 # tensor-core form (tc_product): each weight dequantized in float16 inside the product's kernel, multiplied with the
 # rows on tensor cores (mma.m16n8k16: 16 weight rows by 8 input rows), each weight word read once for all rows. One
 # sum's kernel (patch 0038's layouts) for 8 rows takes 2.2x a single row's in the affine form (the 8B's gate+up: 115
-# against 51 us alone; docs/PERF.md, twenty-ninth session); issue 20's verify steps want at most 1.3x. Not measured on a GPU (thirty-first session): tinygrad's
-# heuristic picks tensor cores for it only with TC_OPT=1 (its planes give four reduce axes), BEAM may.
+# against 51 us alone; docs/PERF.md, twenty-ninth session); issue 20's verify steps want at most 1.3x. Not measured
+# on a GPU (thirty-first session): tinygrad's heuristic picks tensor cores for it only with TC_OPT=1 (its planes give
+# four reduce axes), BEAM may.
 def tc_rows(env=os.environ) -> int:
   """ORIN_LLM_TC_ROWS: 0 (off, the default) or a number of input rows from 2 to MATMUL_ROWS - 1."""
   raw = env.get("ORIN_LLM_TC_ROWS", "0").strip()

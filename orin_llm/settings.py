@@ -103,7 +103,8 @@ SEARCH_DEFAULTS = {
 # alone, yet the step with them (and the gate+up, alone 2% slower) in 64 lanes ran 8.6% slower, the gate+up's share
 # 5.8% (docs/PERF.md, twenty-ninth session). Measured against a full search (thirty-first session, 1B Q6_K, H200):
 # decode's searches take 15 s of a 495 s prewarm and give decode 7% (923 against 860 tok/s at depth 0, 803 against 745
-# at 4096), so "all" stays the default and "prefill" an experiment's knob. Part of the steps file's key. tinygrad's JITBEAM would set every captured step's search: refused beside "prefill".
+# at 4096), so "all" stays the default and "prefill" an experiment's knob. Part of the steps file's key. tinygrad's
+# JITBEAM would set every captured step's search: refused beside "prefill".
 BEAM_STEP_CHOICES = ("all", "prefill")
 def beam_steps(env=os.environ) -> str:
   """ORIN_LLM_BEAM_STEPS: all (default) or prefill."""

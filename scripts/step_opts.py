@@ -39,13 +39,12 @@ def parse_opts(text: str) -> list:
                                                     f"{', '.join(x.name for x in OptOps)})") from None
   return out
 
-_matched: set = set()  # the override keys some kernel took: a key no kernel takes is named when the process ends
-_unmatched_hook: list = []
-_last_overrides: list = []
+_matched: set = set()  # the override keys some kernel took: main() names the others when the process ends
 
 def _name_unmatched(keys: list, out) -> None:
   if missed := [k for k in keys if k not in _matched]:
-    print(f"step_opts: no kernel took {', '.join(missed)} (no kernel of the run has that kind and shape, or the run compiled none: its steps came from a cache)", file=out, flush=True)
+    print(f"step_opts: no kernel took {', '.join(missed)} (no kernel of the run has that kind and shape, or the run "
+          "compiled none: its steps came from a cache)", file=out, flush=True)
 
 def install(overrides: dict[str, str], listing: bool = False, out=sys.stderr) -> None:
   """Replace tinygrad's hand_coded_optimizations: a kernel whose shape_key is in overrides takes those opts."""
@@ -57,8 +56,8 @@ def install(overrides: dict[str, str], listing: bool = False, out=sys.stderr) ->
     # collide (r_512_2048, a norm's sum, and E_512_2048, its scaling, in one prefill chunk)
     key = f"{'r' if k.reduceops else 'E'}:{shape_key(k.full_shape)}"
     match = key if key in parsed else key[2:] if key[2:] in parsed else None
-    if match is not None: _matched.add(match)
     if match is not None:
+      _matched.add(match)
       nk = k.copy()
       for opt in parsed[match]: nk.apply_opt(opt)  # a KernelOptError propagates: the override is wrong, say so
       ret = nk
@@ -67,11 +66,6 @@ def install(overrides: dict[str, str], listing: bool = False, out=sys.stderr) ->
                       f"{','.join(opt_text(o) for o in ret.applied_opts)}", file=out, flush=True)
     return ret
   hand_coded_optimizations._orig = orig
-  if overrides and not _unmatched_hook:  # once a process, for the overrides installed last
-    import atexit
-    _unmatched_hook.append(True)
-    atexit.register(lambda: _name_unmatched(list(_last_overrides), out))
-  _last_overrides.clear(); _last_overrides.extend(overrides)
   h.hand_coded_optimizations = hand_coded_optimizations
   # tinygrad compiles a schedule's kernels in a pool of worker processes, started afresh (forkserver or spawn): they
   # would take the heuristic's opts, not these. Compiled here instead (PARALLEL=0; a BEAM search then runs here too)
@@ -107,6 +101,8 @@ def main(argv: list[str]) -> None:
              "BEAM database under the kernel's own key")
   try: install(overrides, listing)
   except ValueError as e: sys.exit(f"step_opts: --kernel/--kernels: {e}")
+  import atexit
+  atexit.register(_name_unmatched, list(overrides), sys.stderr)
   import runpy
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   sys.argv = ["orin_llm"] + cmd
