@@ -9,7 +9,8 @@ import os
 import pytest
 import matvec_kernels
 
-BASE = {k: v for k, v in os.environ.items() if not k.startswith("MV_")} | {"ORIN_LLM_AFFINE": "1"}
+# (MV_NESTED_THREADS=0: 0042's rules for many or few rows' threads off, the layout as 0039 gives it)
+BASE = {k: v for k, v in os.environ.items() if not k.startswith("MV_")} | {"ORIN_LLM_AFFINE": "1", "MV_NESTED_THREADS": "0"}
 # Q6_K's groups of 16 (2 words): two groups a thread's step, the outer loop unrolled by 2 (groups of 32 or more, as
 # Q8_0's and Q4_K's, take two weight rows a thread instead)
 NESTED = [["LOCAL", 0, 4], ["GROUP", 3, 4], ["GROUP", 2, 8], ["UNROLL", 2, 0], ["UNROLL", 2, 0], ["UNROLL", 2, 2]]
