@@ -337,15 +337,22 @@ class Block:
     vals1 = kv[:, :, :, 1].reshape(nb, S, R, B, KV, D).permute(1, 3, 4, 0, 2, 5).reshape(S, B, KV, nb * R, D)
     vals1 = vals1.pad(((0, 0), (0, 0), (0, 0), (0, 0), (0, DENOM_COLUMNS)), value=1.0)
     acc = p16.matmul(vals1, dtype=dtypes.float32)
-    acc = (acc.contiguous().sum(0) if S > 1 else acc[0]).reshape(B, KV, g, T, D + DENOM_COLUMNS)
+    # the parts added as S slices, not a sum over an axis: a reduction is a kernel of its own that writes the sums out
+    # for the division to read again (20 us a layer in the 1B's chunk of 512, H200); added, they are read in the kernel
+    # that divides, which also writes the float16 input of the output projection
+    acc = acc.contiguous() if S > 1 else acc
+    acc = sum((acc[s] for s in range(1, S)), acc[0]).reshape(B, KV, g, T, D + DENOM_COLUMNS)
     return acc[..., :D] / acc[..., D:D + 1]
 
   def __call__(self, x: Tensor, rows: Rows, rope: Tensor, pos: Tensor) -> Tensor:
     h = x + self.attention(x, rows, rope, pos)
     gate, up = self.gate_up(rms_norm(h, self.ffn_norm, self.cfg.norm_eps))
     # SiLU(gate) * up computed once into a buffer: inside the down projection every thread's rows recomputed it
-    # (an exp and a reciprocal per element and row group, which made that matvec compute-bound on the H200)
-    return h + self.down((gate.silu() * up).contiguous())
+    # (an exp and a reciprocal per element and row group, which made that matvec compute-bound on the H200). A prefill
+    # chunk's product makes its float16 input itself (quant: the matrix form), here computed in that same kernel: written
+    # out as float32 first, a second kernel cast it (37.6 us a layer in the 1B's chunk of 512, H200, docs/PERF.md)
+    act = gate.silu() * up
+    return h + self.down(act if quant.as_matrix(act.shape[0]) else act.contiguous())
 
 class Transformer:
   def __init__(self, cfg: ModelConfig, w: dict, max_context: int, device: str, pad: int = 0, slots: int = 1):

@@ -173,6 +173,19 @@ def test_chunk_attention_kernels(tmp_path, monkeypatch):
   [probs] = [c.src[1] for c in calls if c.src[1].dtype == dtypes.float16 and any(b is scores[0].src[1] for b in c.src[2:])]
   readers = [c for c in calls if any(b is probs for b in c.src[2:])]
   assert len(readers) == 1 and any(o.op.name == "TC" for o in render(readers[0].src[0])[0]), len(readers)
+  # the product with V's parts are read once, by the kernel that adds them, divides by the denominator and writes the
+  # output projection's float16 input (a sum over the parts' axis was a kernel of its own, writing float32 sums that the
+  # division read again: 20 us a layer in the 1B's chunk of 512, H200)
+  parts = readers[0].src[1]
+  [div] = [c for c in calls if any(b is parts for b in c.src[2:])]
+  assert div.src[1].dtype == dtypes.float16 and math.prod(div.src[1].shape) == T * cfg.n_heads * cfg.head_dim, div.src[1]
+  # SiLU(gate) * up is written once, in float16, as the down projection reads it: no float32 buffer of it cast by a
+  # kernel of its own (37.6 us a layer in that chunk)
+  gate_up = [c.src[1] for c in calls if math.prod(c.src[1].shape) == T * 2 * cfg.ffn_dim and c.src[1].dtype == dtypes.float32]
+  assert len(gate_up) == cfg.n_layers, len(gate_up)
+  for b in gate_up:
+    [act] = [c.src[1] for c in calls if any(x is b for x in c.src[2:])]
+    assert act.dtype == dtypes.float16 and math.prod(act.shape) == T * cfg.ffn_dim, act
 
 def test_cache_reads_need_no_division(tmp_path, monkeypatch):
   """Every kernel of a decode step, a verify step and a prefill chunk that reads the KV cache computes its addresses with no
