@@ -19,10 +19,16 @@ RENDER = textwrap.dedent('''
   from tinygrad.renderer.cstyle import CUDARenderer
   from tinygrad.uop.ops import Ops
   S, B, KV, R, D, NB, symbolic = map(int, sys.argv[1:8])
-  p = Tensor.empty(S, B, KV, R, NB * 64, dtype=dtypes.float16, device="CPU")
-  v = Tensor.empty(S, B, KV, NB * 64, D, dtype=dtypes.float16, device="CPU")
-  n = (UOp.variable("start_pos", 0, (NB - 1) * 256) // 256 + 1) * 64 if symbolic else NB * 64
-  out = p[..., 0:n].matmul(v[:, :, :, 0:n], dtype=dtypes.float32)  # (S, B, KV, R, D): each part's keys, 64 of each block
+  # laid out as the engine lays them out (model.attend_chunk): the probabilities written (blocks, slots, heads, rows, parts,
+  # keys of a part), the values read from the cache (rows, slots, K/V, heads, dims), its 8 columns of ones padded on
+  # (built as plain (S, B, KV, ...) tensors, 0043's reshapes let the parts, slots and heads merge into one axis)
+  BLOCK, RK = 256, 256 // S
+  n = UOp.variable("start_pos", 0, (NB - 1) * 256) // 256 + 1 if symbolic else NB
+  p = Tensor.empty(NB, B, KV, R, S, RK, dtype=dtypes.float16, device="CPU")[0:n].permute(4, 1, 2, 3, 0, 5).reshape(S, B, KV, R, n * RK)
+  cache = Tensor.empty(NB * BLOCK, B, 2, KV, D - 8, dtype=dtypes.float16, device="CPU").reshape(-1, BLOCK, B, 2, KV, D - 8)[0:n]
+  v = cache[:, :, :, 1].reshape(n, S, RK, B, KV, D - 8).permute(1, 3, 4, 0, 2, 5).reshape(S, B, KV, n * RK, D - 8)
+  v = v.pad(((0, 0),) * 4 + ((0, 8),), value=1.0)
+  out = p.matmul(v, dtype=dtypes.float32)  # (S, B, KV, R, D): each part's keys, RK of each block
   ren = CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)
   for call in out.contiguous().linear_with_vars()[0].src:
     if call.src[0].op is Ops.SINK:
@@ -31,7 +37,8 @@ RENDER = textwrap.dedent('''
 
 def opts(*args, env=None):
   r = subprocess.run([sys.executable, "-c", RENDER, *map(str, args)], capture_output=True, text=True, timeout=300,
-                     env=dict({k: v for k, v in os.environ.items() if not k.startswith(("MV_", "TC_"))}, **(env or {})))
+                     env=dict({k: v for k, v in os.environ.items() if not k.startswith(("MV_", "TC_"))}, TC_ATTN_VALUES="0",
+                              **(env or {})))  # 0044's layout adds opts after 0036's swap
   assert r.returncode == 0, r.stderr[-3000:]
   return json.loads(r.stdout.strip().splitlines()[-1])
 
