@@ -194,7 +194,6 @@
                     hash = lib.fakeHash;
                   };
                   host = "0.0.0.0";
-                  beam.width = 2;
                   context_length = 8192;
                 };
                 openFirewall = true;

@@ -155,13 +155,14 @@ in
           };
           beam.width = mkOption {
             type = types.ints.unsigned;
-            default = 2;
+            default = 0;
             description = ''
-              tinygrad's BEAM search width (`0`: off); wider finds faster kernels, searching longer. The
-              search's bounds are the keys `beam.time_limit` (seconds a kernel, default 30) and `beam.min_us`
-              (kernels under this many microseconds a step are not searched, default 300); `time_limit = 5`
-              and `min_us = 1000` make a first prewarm several times shorter for a few percent of speed
-              (docs/SERVER.md, docs/CACHE.md).
+              tinygrad's BEAM search width (`0`: the hand-coded layouts of the patch series, no search). On
+              an H200 the 1B's decode at `0` is as fast as after a `2` search of the same build, and its
+              prefill within 1.6-2.5%; the prewarm compiles in ~1.5 minutes instead of searching for ~8
+              (docs/CACHE.md). A search (`2`) may find more for a model or GPU the layouts were not made on.
+              Its bounds are the keys `beam.time_limit` (seconds a kernel, default 30) and `beam.min_us`
+              (kernels under this many microseconds a step are not searched, default 300).
             '';
           };
           kernel_cache.directory = mkOption {
@@ -195,9 +196,12 @@ in
 
     prewarm = mkOption {
       type = types.bool;
-      default = cfg.settings.beam.width > 0;
-      defaultText = literalExpression "config.services.orin-llm.settings.beam.width > 0";
-      description = "Run `orin-llm prewarm` (minutes with a cold cache) in a oneshot unit before the server.";
+      default = true;
+      description = ''
+        Run `orin-llm prewarm` in a oneshot unit before the server: it compiles (and with `beam.width`
+        above 0 searches) every step's kernels and keeps the captured steps, so the server is ready in
+        seconds. Without it the server compiles them at its first start.
+      '';
     };
 
     hugepages = {

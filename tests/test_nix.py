@@ -234,7 +234,7 @@ def test_module_defaults(nix_env):
   assert argv[:3] == [EXE, "serve", "--config"] and len(argv) == 4 and CONFIG.fullmatch(argv[3])
   # prewarm reads the server's own config file: the same model, context, BEAM width and cache directory
   assert exec_argv(psc["ExecStart"]) == [EXE, "prewarm", "--config", argv[3]]
-  assert out["settings"] == {"model": MODEL, "host": "127.0.0.1", "port": 8080, "max_batch": 4, "beam": {"width": 2},
+  assert out["settings"] == {"model": MODEL, "host": "127.0.0.1", "port": 8080, "max_batch": 4, "beam": {"width": 0},
                              "kernel_cache": {"directory": "/var/cache/orin-llm"}}
   assert (sc["Type"], sc["NotifyAccess"], sc["WatchdogSec"], sc["TimeoutStartSec"]) == ("notify", "main", "30s", "30min")
   assert (sc["Restart"], sc["RestartSec"], sc["LoadCredential"]) == ("on-failure", "5s", [])
@@ -276,7 +276,7 @@ def test_module_options(nix_env):
 @needs_nix
 @needs_lib
 def test_module_shipped_cache_with_prewarm(nix_env):
-  """A shipped cache with the prewarm on (the default with BEAM): the program copies it, as the service
+  """A shipped cache with the prewarm on (the default): the program copies it, as the service
   user, writable (kernel_cache.install_shipped); no root copy whose modes the user cannot read."""
   ship = STORE + "kernel-cache"
   out = module_eval(nix_env, f'{{ services.orin-llm = {{ {BASE} settings.kernel_cache.shipped = "{ship}"; }}; }}')
@@ -292,7 +292,7 @@ def test_module_shipped_cache_with_prewarm(nix_env):
 @needs_nix
 @needs_lib
 def test_module_without_prewarm(nix_env):
-  out = module_eval(nix_env, f"{{ services.orin-llm = {{ {BASE} settings.beam.width = 0; }}; }}")
+  out = module_eval(nix_env, f"{{ services.orin-llm = {{ {BASE} prewarm = false; }}; }}")
   assert out["units"] == ["orin-llm"] and out["prewarm"] is None
   assert out["server"]["after"] == ["network.target"] and out["server"]["wants"] == []
   on = module_eval(nix_env, f"{{ services.orin-llm = {{ {BASE} settings.beam.width = 0; prewarm = true; }}; }}")
