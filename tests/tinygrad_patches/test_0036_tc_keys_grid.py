@@ -37,8 +37,8 @@ RENDER = textwrap.dedent('''
 
 def opts(*args, env=None):
   r = subprocess.run([sys.executable, "-c", RENDER, *map(str, args)], capture_output=True, text=True, timeout=300,
-                     env=dict({k: v for k, v in os.environ.items() if not k.startswith(("MV_", "TC_"))}, TC_ATTN_VALUES="0",
-                              **(env or {})))  # 0044's layout adds opts after 0036's swap
+                     env={**{k: v for k, v in os.environ.items() if not k.startswith(("MV_", "TC_"))}, "TC_ATTN_VALUES": "0",
+                          **(env or {})})  # 0044's layout adds opts after 0036's swap
   assert r.returncode == 0, r.stderr[-3000:]
   return json.loads(r.stdout.strip().splitlines()[-1])
 
