@@ -19,14 +19,18 @@ from tinygrad.engine.worker import imap_unordered_watched
 sys.path.insert(0, ".")
 from orin_llm.quant import QuantWeight, _FAST_PLANES, affine_product
 
-def matvec_ast(O: int, K: int, R: int, qt: QT, ren, form: str = "plain"):
+def matvec_ast(O: int, K: int, R: int, qt: QT, ren, form: str = "plain", xin: str = "float"):
   """The product kernel's AST as the heuristic and BEAM see it: after full_rewrite_to_sink's passes before apply_opts
   (ranges split by the planes' indexing: e.g. Q6_K 2048 = 32 x 4 x 2 x 8), captured there. form "affine": the product
-  with each group's scale taken out of its sum (quant.affine_product), else QuantWeight's."""
+  with each group's scale taken out of its sum (quant.affine_product), else QuantWeight's. xin: the input as the step
+  has it (float: float32 loaded), in float16 (half), or a constant (const: no input loads at all, the weights' own
+  cost: what the product would take if reading x were free)."""
   import tinygrad.codegen as cg
   planes = {n: Tensor.empty(O, K // 256 * w, dtype=dtypes.uint32 if dt is np.uint32 else dtypes.float16)
             for n, w, dt in _FAST_PLANES[qt]}
-  x = Tensor.empty(R, K)
+  x = {"float": lambda: Tensor.empty(R, K), "half": lambda: Tensor.empty(R, K, dtype=dtypes.float16).cast(dtypes.float32),
+       # a constant broadcast, not Tensor.full: full's buffer is filled by a kernel of its own and loaded like x
+       "const": lambda: Tensor(0.5).reshape(1, 1).expand(R, K)}[xin]()
   # (plain: the one sum QuantWeight takes for a few rows, whatever quant.AFFINE does with a single one)
   y = affine_product(x, planes, qt) if form == "affine" else (x.unsqueeze(-2) * QuantWeight(qt, O, K, planes).weights()).sum(-1)
   sinks = [c.src[0] for c in y.linear_with_vars()[0].src if c.src[0].op is Ops.SINK]
@@ -70,6 +74,8 @@ def main():
   ap.add_argument("--top", type=int, default=12)
   ap.add_argument("--json")
   ap.add_argument("--form", choices=("plain", "affine"), default="plain", help="the product's expression (matvec_ast)")
+  ap.add_argument("--x", choices=("float", "half", "const"), default="float", help="the input: float32 as in the step, "
+                  "float16, or a constant (no input loads: the weights' own cost)")
   ap.add_argument("--opts", action="append", default=[], help="an opt list to time beside the hand-coded opts, e.g. "
                   "LOCAL:0:4,GROUP:0:32,UNROLL:2:0 (Scheduler.apply_opt's axes); with --no-grid, instead of the grid")
   ap.add_argument("--no-grid", action="store_true")
@@ -78,7 +84,7 @@ def main():
   for spec in a.shape:
     dims, qt = spec.split(":")
     O, K, R = map(int, dims.split("x"))
-    ast = matvec_ast(O, K, R, QT[qt], ren, a.form)
+    ast = matvec_ast(O, K, R, QT[qt], ren, a.form, a.x)
     k0 = Scheduler(ast, ren); k0.convert_loop_to_global()
     rawbufs, var_vals = args_from_ast(ast, ren.target.device)
     rawbufs = _ensure_buffer_alloc(rawbufs)
@@ -112,7 +118,7 @@ def main():
     bytes_ = sum(b.nbytes for b in rawbufs)
     results.sort(key=lambda r: r["median_us"])
     hs = [r for r in results if r["heuristic"]]
-    print(f"\n{spec} ({a.form}): {len(results)} of {len(cands)} candidates timed in {time.perf_counter() - st:.1f} s; buffers {bytes_ / 1e6:.1f} MB")
+    print(f"\n{spec} ({a.form}, x {a.x}): {len(results)} of {len(cands)} candidates timed in {time.perf_counter() - st:.1f} s; buffers {bytes_ / 1e6:.1f} MB")
     for r in results[:a.top] + [h for h in hs if h not in results[:a.top]]:
       gbs = bytes_ / (r["median_us"] * 1e-6) / 1e9
       print(f"  {r['heuristic'] or ' '} {r['median_us']:9.2f} us (min {r['min_us']:9.2f}, warm {r['warm_median_us']:9.2f}) {gbs:7.0f} GB/s  "
