@@ -17,12 +17,14 @@ from tinygrad.codegen.opt.heuristic import hand_coded_optimizations
 from tinygrad.codegen.opt.search import _try_compile, _time_program, _ensure_buffer_alloc
 from tinygrad.engine.worker import imap_unordered_watched
 sys.path.insert(0, ".")
+from orin_llm import quant
 from orin_llm.quant import QuantWeight, _FAST_PLANES, affine_product
 
 def matvec_ast(O: int, K: int, R: int, qt: QT, ren, form: str = "plain", xin: str = "float"):
   """The product kernel's AST as the heuristic and BEAM see it: after full_rewrite_to_sink's passes before apply_opts
   (ranges split by the planes' indexing: e.g. Q6_K 2048 = 32 x 4 x 2 x 8), captured there. form "affine": the product
-  with each group's scale taken out of its sum (quant.affine_product), else QuantWeight's. xin: the input as the step
+  with each group's scale taken out of its sum (quant.affine_product); "tc": the few rows' fused tensor-core form
+  (quant.tc_product: its product kernel, not the small one that adds its parts); else QuantWeight's. xin: the input as the step
   has it (float: float32 loaded), in float16 (half), or a constant (const: no input loads at all, the weights' own
   cost: what the product would take if reading x were free)."""
   import tinygrad.codegen as cg
@@ -32,13 +34,18 @@ def matvec_ast(O: int, K: int, R: int, qt: QT, ren, form: str = "plain", xin: st
        # a constant broadcast, not Tensor.full: full's buffer is filled by a kernel of its own and loaded like x
        "const": lambda: Tensor(0.5).reshape(1, 1).expand(R, K)}[xin]()
   # (plain: the one sum QuantWeight takes for a few rows, whatever quant.AFFINE does with a single one)
-  y = affine_product(x, planes, qt) if form == "affine" else (x.unsqueeze(-2) * QuantWeight(qt, O, K, planes).weights()).sum(-1)
+  y = {"affine": lambda: affine_product(x, planes, qt), "tc": lambda: quant.tc_product(x, planes, qt),
+       "plain": lambda: (x.unsqueeze(-2) * QuantWeight(qt, O, K, planes).weights()).sum(-1)}[form]()
   sinks = [c.src[0] for c in y.linear_with_vars()[0].src if c.src[0].op is Ops.SINK]
   ast, seen, orig = max(sinks, key=lambda s: len(s.backward_slice)), [], cg.apply_opts  # the product, not a cast or copy around it
   cg.apply_opts = lambda sink, ren, beam=0: (seen.append(sink), orig(sink, ren, beam))[1]
   try: cg.full_rewrite_to_sink(ast, ren)
   finally: cg.apply_opts = orig
   return seen[0]
+
+def opt_text(o) -> str:
+  """Opt(UPCAST, 0, 2) -> UPCAST:0:2; a tuple argument joined by `/` (TC:0:-1/2/1), as --opts takes it back."""
+  return f"{o.op.name}:{o.axis}:{'/'.join(map(str, o.arg)) if isinstance(o.arg, tuple) else o.arg}"
 
 def grid(k0: Scheduler) -> list[Scheduler]:
   """A GROUP of g lanes on the first reduce axis, the innermost one (a packed word's 8 elements) unrolled whole (and,
@@ -73,13 +80,16 @@ def main():
   ap.add_argument("--cnt", type=int, default=20)
   ap.add_argument("--top", type=int, default=12)
   ap.add_argument("--json")
-  ap.add_argument("--form", choices=("plain", "affine"), default="plain", help="the product's expression (matvec_ast)")
+  ap.add_argument("--form", choices=("plain", "affine", "tc"), default="plain", help="the product's expression (matvec_ast; "
+                  "tc: quant.tc_product, whose tensor-core opt is TC:0:-1/2/1, with TC_OPT=2 for the hand-coded one)")
+  ap.add_argument("--tc-part", type=int, help="tc: the shortest part of the reduction (quant.TC_PART_LEN, default 1024)")
   ap.add_argument("--x", choices=("float", "half", "const"), default="float", help="the input: float32 as in the step, "
                   "float16, or a constant (no input loads: the weights' own cost)")
   ap.add_argument("--opts", action="append", default=[], help="an opt list to time beside the hand-coded opts, e.g. "
                   "LOCAL:0:4,GROUP:0:32,UNROLL:2:0 (Scheduler.apply_opt's axes); with --no-grid, instead of the grid")
   ap.add_argument("--no-grid", action="store_true")
   a = ap.parse_args()
+  if a.tc_part: quant.TC_PART_LEN = a.tc_part
   ren, rows_out = Device[Device.DEFAULT].renderer, []
   for spec in a.shape:
     dims, qt = spec.split(":")
@@ -101,7 +111,8 @@ def main():
     for ol in a.opts:
       k = k0.copy()
       try:
-        for o in ol.split(","): op, ax, arg = o.split(":"); k.apply_opt(Opt(OptOps[op], int(ax), int(arg)))
+        for o in ol.split(","):  # a tuple argument (a tensor core's) as TC:0:-1/2/1, as scripts/step_opts.py takes it
+          op, ax, arg = o.split(":"); k.apply_opt(Opt(OptOps[op], int(ax), tuple(map(int, arg.split("/"))) if "/" in arg else int(arg)))
       except KernelOptError as e: print(f"{spec}: {ol}: {e}", file=sys.stderr); continue
       cands.append(k)
     if not a.no_grid: cands += grid(k0)
@@ -112,7 +123,7 @@ def main():
         tms = _time_program(proc[0], var_vals, rawbufs, allow_test_size=False, clear_l2=True, cnt=a.cnt)
         warm = _time_program(proc[0], var_vals, rawbufs, allow_test_size=False, clear_l2=False, cnt=a.cnt)
       except RuntimeError: continue  # a launch the device refuses (too many threads, too much shared memory), as BEAM skips it
-      results.append({"shape": spec, "heuristic": {0: "H", 1: "h"}.get(i, ""), "opts": [f"{o.op.name}:{o.axis}:{o.arg}" for o in cands[i].applied_opts],
+      results.append({"shape": spec, "heuristic": {0: "H", 1: "h"}.get(i, ""), "opts": [opt_text(o) for o in cands[i].applied_opts],
                       "min_us": round(min(tms) * 1e6, 2), "median_us": round(statistics.median(tms) * 1e6, 2),
                       "warm_median_us": round(statistics.median(warm) * 1e6, 2)})
     bytes_ = sum(b.nbytes for b in rawbufs)

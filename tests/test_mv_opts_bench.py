@@ -26,3 +26,15 @@ def test_input_forms(qt):
   assert f["float"][dtypes.float32] == 2 and f["half"][dtypes.float32] == f["const"][dtypes.float32] == 1
   assert f["half"][dtypes.float16] == f["float"][dtypes.float16] + 1 == f["const"][dtypes.float16] + 1
   assert f["half"][dtypes.uint32] == f["float"][dtypes.uint32] == f["const"][dtypes.uint32] > 0
+
+def test_tc_form_takes_the_tensor_core_opt():
+  """--form tc times tc_product's product kernel (not its parts' sum): the tensor-core opt applies to it, and an opt
+  with a tuple argument prints as --opts reads it back."""
+  from tinygrad.codegen.opt import Opt, OptOps
+  from tinygrad.codegen.opt.postrange import Scheduler
+  ren = CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)
+  ast = mv_opts_bench.matvec_ast(256, 2048, 8, QT.Q4_K, ren, "tc")
+  k = Scheduler(ast, ren)
+  k.apply_opt(Opt(OptOps.TC, 0, (-1, 2, 1)))
+  assert [mv_opts_bench.opt_text(o) for o in k.applied_opts] == ["TC:0:-1/2/1"]
+  assert mv_opts_bench.opt_text(Opt(OptOps.UPCAST, 0, 4)) == "UPCAST:0:4"
