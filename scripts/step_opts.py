@@ -5,6 +5,7 @@ layout is judged by the time of the whole step it runs in. One kernel's time alo
 synchronization: neither ranked the 1B's decode step (docs/PERF.md, twenty-ninth session: the gate+up in 64 lanes
 within the spread alone, 5.8% slower in the step).
   python3 scripts/step_opts.py [--list] [--kernel SHAPE=OPTS ...] [--kernels FILE] -- bench --model M --beam 0 ...
+  python3 scripts/step_opts.py [...] -- scripts/spec_bench.py M --verify-only ...   (a script: a path ending in .py)
 --list: print each kernel's shape before opts (the key --kernel takes) and the opts it got, to stderr.
 --kernel SHAPE=OPTS: every kernel whose shape before opts is SHAPE (comma-separated sizes as --list prints them, `?` for
 any size: a symbolic one; `r:` or `E:` first, as --list prints, takes only reductions or elementwise kernels) takes
@@ -105,7 +106,12 @@ def main(argv: list[str]) -> None:
   atexit.register(_name_unmatched, list(overrides), sys.stderr)
   import runpy
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  sys.argv = ["orin_llm"] + cmd
-  runpy.run_module("orin_llm", run_name="__main__")
+  if cmd and cmd[0].endswith(".py"):  # a script (the verify steps' cost: spec_bench.py), run as `python3 SCRIPT ...` would
+    sys.argv = cmd
+    sys.path.insert(0, os.path.dirname(os.path.abspath(cmd[0])))
+    runpy.run_path(cmd[0], run_name="__main__")
+  else:
+    sys.argv = ["orin_llm"] + cmd
+    runpy.run_module("orin_llm", run_name="__main__")
 
 if __name__ == "__main__": main(sys.argv[1:])

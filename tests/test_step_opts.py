@@ -80,3 +80,23 @@ def test_refuses_a_search_and_a_wrong_opt():
   assert r.returncode != 0 and "needs BEAM=0 (here 1)" in r.stderr
   r = run("--kernel", "16,2=UPCST:0:2", "--", "bench", "--beam", "0")
   assert r.returncode != 0 and "'UPCST:0:2' is not an opt" in r.stderr
+
+def test_runs_a_script(tmp_path):
+  """`-- SCRIPT.py ARGS`: the script runs as `python3 SCRIPT.py ARGS` would (its own argv, its directory importable),
+  with the overrides installed in its process."""
+  (tmp_path / "helper_mod.py").write_text("VALUE = 7\n")
+  (tmp_path / "s.py").write_text(textwrap.dedent('''
+    import json, os, sys
+    import helper_mod
+    import tinygrad.codegen.opt.heuristic as h
+    print(json.dumps({"argv": sys.argv, "value": helper_mod.VALUE, "installed": hasattr(h.hand_coded_optimizations, "_orig"),
+                      "env": os.environ.get("MV_STEP_OPTS"), "main": __name__}))
+  '''))
+  r = subprocess.run([sys.executable, ROOT / "scripts/step_opts.py", "--kernel", "r:16,2=UPCAST:0:2", "--",
+                      str(tmp_path / "s.py"), "a", "--b"], capture_output=True, text=True, timeout=120,
+                     env={k: v for k, v in os.environ.items() if not k.startswith(("MV_", "BEAM"))} | {"DEV": "CPU"})
+  assert r.returncode == 0, r.stderr[-3000:]
+  d = json.loads(r.stdout.strip().splitlines()[-1])
+  assert d == {"argv": [str(tmp_path / "s.py"), "a", "--b"], "value": 7, "installed": True, "env": "r:16,2=UPCAST:0:2",
+               "main": "__main__"}
+  assert "no kernel took r:16,2" in r.stderr  # nothing compiled: the key is named when the process ends
