@@ -357,22 +357,18 @@ def _block_rows(N: int) -> int:
   return max(d for d in range(1, math.isqrt(N) + 1) if N % d == 0)
 
 def gather_rows(t: Tensor, idx: Tensor) -> Tensor:
-  """t[idx] for t (N, *rest) and an int tensor idx of any shape, each index in 0..N-1 (one past the end gives zeros):
-  two one-hot sums, over N // c blocks of c rows and then over the c rows of the block. tinygrad turns a sum over
-  one-hot rows into a load at the index, but splits any sum 32768 or more times longer than its result into two kernels
-  first (rangeify.split_reduceop: a vocabulary's 128256 rows into 256 x 501); each half then loads nothing or the row,
-  and a second kernel adds 256 partial rows. t[idx] took two kernels a plane so, the embedding of a decode step 9-11
-  (docs/PERF.md, thirty-fourth session). c is the divisor of N that keeps both sums shortest. Where N has none near its
-  square root (a prime), t[idx] as tinygrad takes it: it splits no sum it cannot divide (one kernel), and zero rows
-  appended up to a multiple of a better c hid the load behind the padding's mask (every output element read every row).
-  The sums keep t's dtype: a float16 sum adds in float32, and the cast between the select and the sum hid the load the
-  same way."""
+  """t[idx] for t (N, *rest) and an int tensor idx of any shape, each index in 0..N-1 (others give zeros): two one-hot
+  sums, over N // c blocks of c rows and then over the c rows of the block, c the divisor of N that keeps both shortest.
+  tinygrad turns a sum over one-hot rows into a load at the index, but splits any sum 32768 or more times longer than
+  its result into two kernels first (rangeify.split_reduceop: a vocabulary's 128256 rows into 256 x 501); each half then
+  loads nothing or the row, and a second kernel adds 256 partial rows. t[idx] took two kernels a plane so, the embedding
+  of a decode step 9-11 (docs/PERF.md, thirty-fourth session); two sums shorter than the split's bound take none."""
   N, rest = t.shape[0], t.shape[1:]
-  if N // (c:=_block_rows(N)) > 4 * math.isqrt(N): return t[idx]
+  c = _block_rows(N)
   ones = lambda n, k: Tensor.arange(n).reshape(*([1] * idx.ndim), n) == k.unsqueeze(-1)  # (*idx.shape, n)
   pad = (1,) * len(rest)
-  blocks = ones(N // c, idx // c).reshape(*idx.shape, N // c, 1, *pad).where(t.reshape(N // c, c, *rest), 0).sum(idx.ndim, dtype=t.dtype)
-  return ones(c, idx % c).reshape(*idx.shape, c, *pad).where(blocks, 0).sum(idx.ndim, dtype=t.dtype)
+  blocks = ones(N // c, idx // c).reshape(*idx.shape, N // c, 1, *pad).where(t.reshape(N // c, c, *rest), 0).sum(idx.ndim)
+  return ones(c, idx % c).reshape(*idx.shape, c, *pad).where(blocks, 0).sum(idx.ndim)
 
 @dataclass
 class QuantWeight:
