@@ -16,7 +16,7 @@ Nothing is rounded on the way: the kernel computes in float32 exactly what ggml 
 and the planes take about the file's bytes (Q4_K/Q5_K: +3%, their 6-bit scales widened to 8).
 """
 from __future__ import annotations
-import functools, math, os
+import os
 from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QT, GGML_QUANT_SIZES
@@ -351,11 +351,6 @@ def as_matrix(rows) -> bool:
   """Whether an input of this many rows (constant) is a prefill chunk, whose products run as float16 matrices."""
   return isinstance(rows, int) and rows >= MATMUL_ROWS
 
-@functools.cache
-def _block_rows(N: int) -> int:
-  """The largest divisor of N up to its square root: blocks of that many rows keep both of gather_rows' sums shortest."""
-  return max(d for d in range(1, math.isqrt(N) + 1) if N % d == 0)
-
 def gather_rows(t: Tensor, idx: Tensor) -> Tensor:
   """t[idx] for t (N, *rest) and an int tensor idx of any shape, each index in 0..N-1 (others give zeros): two one-hot
   sums, over N // c blocks of c rows and then over the c rows of the block, c the divisor of N that keeps both shortest.
@@ -364,7 +359,7 @@ def gather_rows(t: Tensor, idx: Tensor) -> Tensor:
   loads nothing or the row, and a second kernel adds 256 partial rows. t[idx] took two kernels a plane so, the embedding
   of a decode step 9-11 (docs/PERF.md, thirty-fourth session); two sums shorter than the split's bound take none."""
   N, rest = t.shape[0], t.shape[1:]
-  c = _block_rows(N)
+  c = min((d for d in range(1, N + 1) if N % d == 0), key=lambda d: max(d, N // d))
   ones = lambda n, k: Tensor.arange(n).reshape(*([1] * idx.ndim), n) == k.unsqueeze(-1)  # (*idx.shape, n)
   pad = (1,) * len(rest)
   blocks = ones(N // c, idx // c).reshape(*idx.shape, N // c, 1, *pad).where(t.reshape(N // c, c, *rest), 0).sum(idx.ndim)
