@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QT, GGML_QUANT_SIZES
 from tinygrad import Tensor, dtypes
-from tinygrad.helpers import prod
 from orin_llm import hostmem
 from orin_llm.errors import OrinError
 
@@ -351,20 +350,6 @@ def as_matrix(rows) -> bool:
   """Whether an input of this many rows (constant) is a prefill chunk, whose products run as float16 matrices."""
   return isinstance(rows, int) and rows >= MATMUL_ROWS
 
-def gather_rows(t: Tensor, idx: Tensor) -> Tensor:
-  """t[idx] for t (N, *rest) and an int tensor idx of any shape, each index in 0..N-1 (others give zeros): two one-hot
-  sums, over N // c blocks of c rows and then over the c rows of the block, c the divisor of N that keeps both shortest.
-  tinygrad turns a sum over one-hot rows into a load at the index, but splits any sum 32768 or more times longer than
-  its result into two kernels first (rangeify.split_reduceop: a vocabulary's 128256 rows into 256 x 501); each half then
-  loads nothing or the row, and a second kernel adds 256 partial rows. t[idx] took two kernels a plane so, the embedding
-  of a decode step 9-11 (docs/PERF.md, thirty-fourth session); two sums shorter than the split's bound take none."""
-  N, rest = t.shape[0], t.shape[1:]
-  c = min((d for d in range(1, N + 1) if N % d == 0), key=lambda d: max(d, N // d))
-  ones = lambda n, k: Tensor.arange(n).reshape(*([1] * idx.ndim), n) == k.unsqueeze(-1)  # (*idx.shape, n)
-  pad = (1,) * len(rest)
-  blocks = ones(N // c, idx // c).reshape(*idx.shape, N // c, 1, *pad).where(t.reshape(N // c, c, *rest), 0).sum(idx.ndim)
-  return ones(c, idx % c).reshape(*idx.shape, c, *pad).where(blocks, 0).sum(idx.ndim)
-
 @dataclass
 class QuantWeight:
   """A weight matrix (rows, cols) held as planes on the device."""
@@ -389,13 +374,8 @@ class QuantWeight:
     """Whether the product with x runs in the affine form (at most AFFINE_ROWS rows, of a type in AFFINE)."""
     return isinstance(x.shape[0], int) and x.shape[0] <= AFFINE_ROWS and self.qtype in AFFINE
   def rows_of(self, idx: Tensor) -> Tensor:
-    """Dequantized rows idx (an int tensor of any shape, each in 0..rows-1) -> (*idx.shape, cols): the embedding
-    lookup. One row (decode): the rows are taken from the dequantized matrix, which tinygrad never computes whole (the
-    row is read from each plane at idx in the dequantizing kernel: one kernel). Several rows: each plane's rows first
-    (a kernel each), then the dequantization; taken from the matrix, the row axis would broadcast the dequantized matrix
-    and tinygrad would write all of it first (the float16 products' finding, tc_product)."""
-    if isinstance(n:=prod(idx.shape), int) and n == 1: return gather_rows(self.weights(), idx)
-    return dequantize({k: gather_rows(p, idx) for k, p in self.planes.items()}, self.qtype)
+    """Dequantized rows idx (an int tensor of any shape) -> (*idx.shape, cols): the embedding lookup."""
+    return dequantize({k: p[idx] for k, p in self.planes.items()}, self.qtype)
   def __call__(self, x: Tensor) -> Tensor:
     """x (T, cols) -> x @ W.T (T, rows). A few rows (decode): the weights are dequantized inside the reduction,
     each read once from the planes. From MATMUL_ROWS rows on (a prefill chunk): the matrix is dequantized once

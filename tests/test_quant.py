@@ -31,35 +31,6 @@ def test_embedding_rows(qt, rng):
   got = QuantWeight.from_raw(raw, qt, rows, cols, "CPU").rows_of(Tensor(idx.astype(np.int32))).numpy()
   np.testing.assert_array_equal(got, want[idx].astype(np.float32))
 
-def test_gather_rows_any_shape(rng):
-  """quant.gather_rows(t, idx) equals numpy's t[idx] for row counts with few or many divisors (a prime one: a single
-  block) and an index of any shape; an index out of range gives a row of zeros."""
-  from orin_llm.quant import gather_rows
-  for N in (1, 7, 210, 4099):
-    t = rng.normal(size=(N, 3, 2)).astype(np.float32)
-    idx = rng.integers(0, N, size=(2, 3))
-    np.testing.assert_array_equal(gather_rows(Tensor(t), Tensor(idx.astype(np.int32))).numpy(), t[idx])
-  assert not gather_rows(Tensor(t), Tensor(np.array([N], dtype=np.int32))).numpy().any()
-
-def kernels(t: Tensor) -> int:
-  from tinygrad.uop.ops import Ops
-  return sum(c.src[0].op is Ops.SINK for c in t.linear_with_vars()[0].src)
-
-@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=lambda q: q.name)
-def test_embedding_kernels(qt, rng):
-  """A vocabulary's worth of rows (over the 32768 from which tinygrad splits a sum in two kernels): one decode token's
-  row in one kernel (the dequantization reading each plane at the token), several tokens' rows in a kernel a plane and
-  one to dequantize, never the whole matrix dequantized first; the rows equal gguf's. t[idx] took two kernels a plane."""
-  rows, cols = 40960, 256
-  raw = random_blocks(rng, qt, rows * cols)
-  w = QuantWeight.from_raw(raw, qt, rows, cols, "CPU")
-  Tensor.realize(*w.planes.values())  # on the device, as a loaded model's (linear_with_vars would take their copies)
-  for T in (1, 5):
-    idx = rng.integers(0, rows, T)
-    assert kernels(w.rows_of(Tensor(idx.astype(np.int32)))) == (1 if T == 1 else len(w.planes) + 1)
-    want = gguf.quants.dequantize(raw.reshape(rows, -1)[idx], qt)
-    np.testing.assert_array_equal(w.rows_of(Tensor(idx.astype(np.int32))).numpy(), want.astype(np.float32))
-
 def test_planes_take_about_the_file_size(rng):
   for qt in SUPPORTED:
     raw = random_blocks(rng, qt, 4 * 1024)
