@@ -18,6 +18,7 @@ from tinygrad.codegen.opt.search import _try_compile, _time_program, _ensure_buf
 from tinygrad.engine.worker import imap_unordered_watched
 sys.path.insert(0, ".")
 from orin_llm import quant
+from step_opts import opt_text, parse_opts  # the opt lists' text, as step_opts.py reads and prints them
 from orin_llm.quant import QuantWeight, _FAST_PLANES, affine_product
 
 def matvec_ast(O: int, K: int, R: int, qt: QT, ren, form: str = "plain", xin: str = "float"):
@@ -42,10 +43,6 @@ def matvec_ast(O: int, K: int, R: int, qt: QT, ren, form: str = "plain", xin: st
   try: cg.full_rewrite_to_sink(ast, ren)
   finally: cg.apply_opts = orig
   return seen[0]
-
-def opt_text(o) -> str:
-  """Opt(UPCAST, 0, 2) -> UPCAST:0:2; a tuple argument joined by `/` (TC:0:-1/2/1), as --opts takes it back."""
-  return f"{o.op.name}:{o.axis}:{'/'.join(map(str, o.arg)) if isinstance(o.arg, tuple) else o.arg}"
 
 def grid(k0: Scheduler) -> list[Scheduler]:
   """A GROUP of g lanes on the first reduce axis, the innermost one (a packed word's 8 elements) unrolled whole (and,
@@ -111,8 +108,7 @@ def main():
     for ol in a.opts:
       k = k0.copy()
       try:
-        for o in ol.split(","):  # a tuple argument (a tensor core's) as TC:0:-1/2/1, as scripts/step_opts.py takes it
-          op, ax, arg = o.split(":"); k.apply_opt(Opt(OptOps[op], int(ax), tuple(map(int, arg.split("/"))) if "/" in arg else int(arg)))
+        for o in parse_opts(ol): k.apply_opt(o)  # a tensor core's tuple argument as TC:0:-1/2/1
       except KernelOptError as e: print(f"{spec}: {ol}: {e}", file=sys.stderr); continue
       cands.append(k)
     if not a.no_grid: cands += grid(k0)
