@@ -267,9 +267,11 @@ MATMUL_ROWS = 32
 # tensor-core form (tc_product): each weight dequantized in float16 inside the product's kernel, multiplied with the
 # rows on tensor cores (mma.m16n8k16: 16 weight rows by 8 input rows), each weight word read once for all rows. One
 # sum's kernel (patch 0038's layouts) for 8 rows takes 2.2x a single row's in the affine form (the 8B's gate+up: 115
-# against 51 us alone; docs/PERF.md, twenty-ninth session); issue 20's verify steps want at most 1.3x. Not measured
-# on a GPU (thirty-first session): tinygrad's heuristic picks tensor cores for it only with TC_OPT=1 (its planes give
-# four reduce axes), BEAM may.
+# against 51 us alone; docs/PERF.md, twenty-ninth session); issue 20's verify steps want at most 1.3x. Measured at
+# BEAM=0 on an H200 (thirty-fifth session, spec_bench --verify-only, the Q4_K_M files, ORIN_LLM_TC_ROWS=4 against 0,
+# one run each): verify of 4 / 8 rows, 8B 10.06 -> 8.43 / 14.68 -> 11.41 ms, 3B 6.37 -> 5.61 / 8.96 -> 7.09, 1B
+# 2.48 -> 2.80 and 2.56 -> 2.66 / 3.70 -> 3.62 and 3.95 -> 3.85 (two runs; the 1B's processes differ by ~15% in decode).
+# Still off by default: the 1B's 4 rows, a search's and the server's load are unmeasured.
 def tc_rows(env=os.environ) -> int:
   """ORIN_LLM_TC_ROWS: 0 (off, the default) or a number of input rows from 2 to MATMUL_ROWS - 1."""
   raw = env.get("ORIN_LLM_TC_ROWS", "0").strip()
@@ -278,6 +280,18 @@ def tc_rows(env=os.environ) -> int:
                     "is needed")
   return int(raw)
 TC_ROWS = tc_rows()
+def tc_opt_level(rows: int) -> None:
+  """The tensor-core opt level tinygrad's hand-coded opts use (its TC_OPT), raised to 2 where the form is on: the form's
+  product has several reduce axes (level 1) and fewer than 8 input rows pads the tensor core's 8-wide side (level 2).
+  Tied to the knob so that the steps file's key (which holds ORIN_LLM_TC_ROWS) names the opts too. At level 2 the
+  other kernels of the 1B's decode, verify (4, 8 rows), batch (4) and chunk steps render the same (sm_90, CPU)."""
+  from tinygrad.helpers import TC_OPT
+  if rows: TC_OPT.value = max(TC_OPT.value, 2)
+tc_opt_level(TC_ROWS)
+# the types whose products take that form: Q4_K's beat one sum alone (8B shapes, 4 and 8 rows: 0.59-0.88x its time),
+# Q6_K's lost (1.18-2.25x: 8B and 1B shapes, 4 and 8 rows), both with the hand-coded opts (H200, thirty-fifth session,
+# docs/PERF.md). The others are unmeasured.
+TC_TYPES = (QT.Q4_K,)
 
 def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
   """x (T, I) @ W.T in one kernel that tensor cores can take: W in float16, computed from its pieces cast to float16
@@ -296,7 +310,10 @@ def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
   part = lambda t: t.reshape(O, S, I // S)
   w = part(u.cast(dtypes.float16)) * part(_per_group(a.cast(dtypes.float16), G))
   if b is not None: w = w + part(_per_group(b.cast(dtypes.float16), G))
-  y = (w * x.cast(dtypes.float16).reshape(T, 1, S, I // S)).sum(-1, dtype=dtypes.float32)  # (T, O, S)
+  # x in float16 written once by a small kernel: each warp's tile reads all of it, and inlined its computation ran in
+  # every tile (the 8B's attn_output, whose x is the attention's output in a padded view, got a reduction padded to
+  # 16 from 8, half its lanes idle: 80 us in the step where one sum took 36; H200, thirty-fifth session)
+  y = (w * x.cast(dtypes.float16).contiguous().reshape(T, 1, S, I // S)).sum(-1, dtype=dtypes.float32)  # (T, O, S)
   return y.reshape(T, O) if S == 1 else y.contiguous().sum(-1)
 
 # tc_product's parts: each at least TC_PART_LEN long, so that the parts' float32 sums (4 bytes a row and weight row a
@@ -396,7 +413,7 @@ class QuantWeight:
       L = self.cols // S
       xs, ws = x16.reshape(-1, S, L).permute(1, 0, 2), w.reshape(self.rows, S, L).permute(1, 2, 0)
       return xs.matmul(ws, dtype=dtypes.float32).contiguous().sum(0)
-    if TC_ROWS and isinstance(x.shape[0], int) and x.shape[0] >= TC_ROWS and self.qtype in AFFINE_ABLE:
+    if TC_ROWS and isinstance(x.shape[0], int) and x.shape[0] >= TC_ROWS and self.qtype in TC_TYPES:
       return tc_product(x, self.planes, self.qtype)
     if self.affine(x): return affine_product(x, self.planes, self.qtype)
     return (x.unsqueeze(-2) * self.weights()).sum(-1)

@@ -55,7 +55,8 @@ def kernels(qtype, O, K, R, tc: bool, rows_first: bool = False):
   else: y = tc_product(Tensor.empty(R, K, device="CPU"), planes, qtype)
   asts = [c.src[0] for c in y.linear_with_vars()[0].src if c.op is Ops.CALL and c.src[0].op is Ops.SINK]
   out = []
-  for ast in asts[:1] if tc else asts:  # the product (then, in parts, their sum)
+  if tc: asts = [next(a for a in asts if any(u.op is Ops.REDUCE for u in a.toposort()))]  # the product
+  for ast in asts:  # (x in float16,) the product (then, in parts, their sum)
     if tc:
       k = Scheduler(ast, ren)
       k.apply_opt(Opt(OptOps.TC, 0, (-1, 0, 1)))  # raises KernelOptError where tensor cores do not apply
@@ -68,34 +69,49 @@ def kernels(qtype, O, K, R, tc: bool, rows_first: bool = False):
 @pytest.mark.parametrize("qtype,O,K", [(QT.Q6_K, 2048, 2048), (QT.Q4_K, 2048, 8192)], ids=["Q6_K", "Q4_K"])
 def test_one_kernel_with_tensor_cores(qtype, O, K):
   """For 4, 8 and 16 rows the dequantized matrix stays in the product's kernel, whose parts a second kernel adds (a cast
-  of the whole matrix made tinygrad write it to memory first, an elementwise kernel of its own). With the weights first in the multiply, the tensor-core opt
+  of the whole matrix made tinygrad write it to memory first, an elementwise kernel of its own); x is written in
+  float16 by a small kernel before it (x's size: 2 bytes a row and column). With the weights first in the multiply, the tensor-core opt
   takes the kernel (16 weight rows by 8 input rows); with the rows first it needs padding and is refused."""
   parts = quant.tc_parts(K)
   assert parts > 1
   for R in (4, 8, 16):
     ks = kernels(qtype, O, K, R, tc=False)
-    # the product, then the sum of its parts: no elementwise kernel (the matrix written out)
-    assert len(ks) == 2 and all(name.startswith("r_") for name, _ in ks), ks
+    # x in float16, the product, then the sum of its parts: no elementwise kernel of the matrix's size
+    assert len(ks) == 3 and ks[0][0].startswith("E_") and all(name.startswith("r_") for name, _ in ks[1:]), ks
   assert kernels(qtype, O, K, 8, tc=True) == [("tc", ["TC"])]
   # the rows first in the multiply: they land on the tensor core's 16-wide side, which 8 rows do not fill (no padding
   # at this opt level)
   from tinygrad.codegen.opt import KernelOptError
   with pytest.raises(KernelOptError): kernels(qtype, O, K, 8, tc=True, rows_first=True)
 
+def test_the_knob_sets_the_tensor_core_opt_level(monkeypatch):
+  """quant.tc_opt_level: with the form on, tinygrad's hand-coded opts take tensor cores for a 4-row product (its several
+  reduce axes need level 1, its 4 rows padded to the tensor core's 8 need 2); off, the level stays and they do not."""
+  from tinygrad.helpers import TC_OPT
+  monkeypatch.setattr(TC_OPT, "value", 0)
+  quant.tc_opt_level(0)
+  assert TC_OPT.value == 0
+  assert not any(o.op.name == "TC" for o in kernels(QT.Q4_K, 2048, 2048, 4, tc=False)[1][1])
+  quant.tc_opt_level(4)
+  assert TC_OPT.value == 2
+  assert kernels(QT.Q4_K, 2048, 2048, 4, tc=False)[1][1][0].op.name == "TC"
+
 def test_the_knob(monkeypatch, tmp_path):
   assert tc_rows({}) == 0 and tc_rows({"ORIN_LLM_TC_ROWS": "2"}) == 2 and tc_rows({"ORIN_LLM_TC_ROWS": " 8 "}) == 8
   for bad in ("1", str(quant.MATMUL_ROWS), "eight", "-2"):
     with pytest.raises(OrinError, match="ORIN_LLM_TC_ROWS"): tc_rows({"ORIN_LLM_TC_ROWS": bad})
-  # a weight's product takes the form from TC_ROWS rows on, up to MATMUL_ROWS
+  # a Q4_K weight's product takes the form from TC_ROWS rows on, up to MATMUL_ROWS; a Q6_K weight's never (its form
+  # measured slower than one sum: quant.TC_TYPES)
   calls = []
-  monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype: calls.append(x.shape[0]) or Tensor.zeros(x.shape[0], 16))
+  monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype: calls.append((qtype, x.shape[0])) or Tensor.zeros(x.shape[0], 16))
   rng = np.random.default_rng()
-  qw = QuantWeight.from_raw(random_raw(QT.Q6_K, 16, 256, rng).reshape(-1), QT.Q6_K, 16, 256, "CPU")
-  for on in (0, 4):
-    monkeypatch.setattr(quant, "TC_ROWS", on)
-    for R in (1, 3, 4, 8):
-      qw(Tensor.empty(R, 256, device="CPU"))
-  assert calls == [4, 8]
+  for qt in (QT.Q4_K, QT.Q6_K):
+    qw = QuantWeight.from_raw(random_raw(qt, 16, 256, rng).reshape(-1), qt, 16, 256, "CPU")
+    for on in (0, 4):
+      monkeypatch.setattr(quant, "TC_ROWS", on)
+      for R in (1, 3, 4, 8):
+        qw(Tensor.empty(R, 256, device="CPU"))
+  assert calls == [(QT.Q4_K, 4), (QT.Q4_K, 8)]
   # part of the steps file's key, as in effect
   from orin_llm import step_cache
   keys = {}
