@@ -121,7 +121,7 @@ def test_the_knob(monkeypatch, tmp_path):
   assert keys[0]["ORIN_LLM_TC_ROWS"] == "0" and keys[4]["ORIN_LLM_TC_ROWS"] == "4"
 
 def test_a_batch_step_in_the_form(tmp_path, rng, monkeypatch):
-  """ORIN_LLM_TC_ROWS=2: a batch step of 3 sequences (a Q4_K model: Q4_K and Q6_K products) runs its products in the
+  """ORIN_LLM_TC_ROWS=2: a batch step of 3 sequences (a Q4_K model) runs its Q4_K products in the
   fused tensor-core form; its logits are those of one sum within float16's rounding of the weights."""
   from conftest import LLAMA_VOCAB
   from orin_llm.engine import Engine
