@@ -59,6 +59,30 @@ def test_greedy_output_is_the_plain_paths(models, rng, source):
   assert sp.steps > 0, sp.stats()
   if source != "draft-other": assert sp.accepted > 0, sp.stats()  # verify steps accepted something
 
+def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch):
+  """ORIN_LLM_TC_ROWS=2 (quant.tc_product: a verify step's Q4_K products with float16 weights, decode's in float32):
+  greedy output with n-gram proposals is still the plain path's, up to near ties; the form did run."""
+  from orin_llm import quant
+  monkeypatch.setattr(quant, "TC_ROWS", 2)
+  path = write_model(tmp_path / "q4k.gguf", preset("tiny-llama"), QT.Q4_K, LLAMA_VOCAB, seed=seed_for("spec-tc"), vocab_size=VOCAB)
+  eng = Engine(path, max_context=160, chunk=8)
+  # the form's products built inside verify steps (prompt chunks of 8 rows take it too)
+  calls, real, verifying = [], quant.tc_product, []
+  monkeypatch.setattr(quant, "tc_product", lambda x, p, q: (verifying and calls.append(x.shape[0])) or real(x, p, q))
+  real_verify = eng.verify
+  def verify(*a, **k):
+    verifying.append(1)
+    try: return real_verify(*a, **k)
+    finally: verifying.pop()
+  monkeypatch.setattr(eng, "verify", verify)
+  prompt = rng.integers(0, VOCAB, 12).tolist() * 3
+  want = plain(eng, prompt, 40)
+  sp = Speculator(NgramDraft())
+  eng.reset()
+  got = list(eng.generate(prompt, 40, Sampling(), speculator=sp))
+  same_but_for_ties(eng, prompt, got, want)
+  assert calls and sp.accepted > 0, (calls, sp.stats())
+
 def test_rejected_proposals_roll_back(models, rng):
   """Wrong proposals: one token comes back (the plain path's), the slot caches only its input, and what the rejected
   rows wrote into the cache does not change any later token; right proposals are all accepted, plus one."""
