@@ -185,11 +185,19 @@ def dequantize(planes: dict[str, Tensor], qtype: QT) -> Tensor:
     return (u - 32) * _per_group(scale, 16)
   raise ValueError(f"unsupported tensor type {qtype.name}")
 
+_AFFINE_ZERO = {QT.Q8_0: 128, QT.Q4_0: 8, QT.Q5_0: 16, QT.Q6_K: 32}  # affine()'s zero points, subtracted from u
+
+def half_codes(planes: dict[str, Tensor], qtype: QT) -> Tensor:
+  """affine()'s u (the codes less their zero point) as float16, exactly: the bits of 1024 + u are 0x6400 | u for codes
+  under 1024, so the conversion is an OR and a subtraction in float16, where affine()'s float32 u cast to float16
+  costs a conversion instruction a weight (run at a fraction of the FMA rate, as int_to_float's note says of I2F)."""
+  return (_codes(planes, qtype) | 0x6400).cast(dtypes.uint16).bitcast(dtypes.float16) - (1024.0 + _AFFINE_ZERO.get(qtype, 0))
+
 def affine(planes: dict[str, Tensor], qtype: QT) -> tuple[Tensor, Tensor, Tensor | None, int]:
   """The weights as w[o, g*G + j] = a[o, g] * u[o, g*G + j] + b[o, g]: (u as exact floats (O, I), a (O, I/G), b (O, I/G)
   or None, G). A zero point that is a multiple of the scale (Q6_K's 32, Q8_0's 128, Q4_0's 8, Q5_0's 16) is subtracted from
   u (exactly: int_to_float's subtraction takes it) and b is None; the K-quants' and Q4_1/Q5_1's own minimum stays in b."""
-  zero = {QT.Q8_0: 128, QT.Q4_0: 8, QT.Q5_0: 16, QT.Q6_K: 32}.get(qtype, 0)
+  zero = _AFFINE_ZERO.get(qtype, 0)
   u = (_codes(planes, qtype) | 0x4B000000).bitcast(dtypes.float32) - (8388608.0 + zero)  # int_to_float, the zero point in its subtraction
   d = planes["d"].cast(dtypes.float32)
   if qtype in _BLOCK32: return u, d, (planes["m"].cast(dtypes.float32) if "m" in planes else None), 32
@@ -308,7 +316,7 @@ def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
   # such tiles), their float32 sums added by a small kernel. Each piece is reshaped into the parts before they are
   # combined: a reshape of the combined W (four buffers) between it and the rows' broadcast is realized as W was
   part = lambda t: t.reshape(O, S, I // S)
-  w = part(u.cast(dtypes.float16)) * part(_per_group(a.cast(dtypes.float16), G))
+  w = part(half_codes(planes, qtype)) * part(_per_group(a.cast(dtypes.float16), G))
   if b is not None: w = w + part(_per_group(b.cast(dtypes.float16), G))
   # x in float16 written once by a small kernel: each warp's tile reads all of it, and inlined its computation ran in
   # every tile (the 8B's attn_output, whose x is the attention's output in a padded view, got a reduction padded to

@@ -84,6 +84,29 @@ def test_one_kernel_with_tensor_cores(qtype, O, K):
   from tinygrad.codegen.opt import KernelOptError
   with pytest.raises(KernelOptError): kernels(qtype, O, K, 8, tc=True, rows_first=True)
 
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q5_K, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1], ids=lambda q: q.name)
+def test_half_codes(qtype, rng):
+  """quant.half_codes: affine()'s u (codes less the zero point) in float16, equal to affine()'s float32 u cast (the
+  form's weights unchanged to the bit); in the product's CUDA source the codes are float16 bit patterns, not float32
+  ones converted (one conversion instruction a weight)."""
+  import sys
+  O, K = 16, 512
+  qw = QuantWeight.from_raw(random_raw(qtype, O, K, rng).reshape(-1), qtype, O, K, "CPU")
+  want = quant.affine(qw.planes, qtype)[0].cast(dtypes.float16).numpy()
+  got = quant.half_codes(qw.planes, qtype).numpy()
+  assert got.dtype == np.float16 and np.array_equal(got, want) and len(np.unique(got)) > 4
+  sys.path.insert(0, "scripts")
+  from render_kernels import render
+  from tinygrad.helpers import Target
+  from tinygrad.renderer.cstyle import CUDARenderer
+  from tinygrad.uop.ops import Ops
+  ren = CUDARenderer(Target("CUDA", "", "sm_90"), use_nvcc=True)
+  planes = QuantWeight.from_raw(random_raw(qtype, 256, 2048, rng).reshape(-1), qtype, 256, 2048, "CPU").planes
+  y = tc_product(Tensor.empty(8, 2048, device="CPU"), planes, qtype)
+  asts = [c.src[0] for c in y.linear_with_vars()[0].src if c.op is Ops.CALL and c.src[0].op is Ops.SINK]
+  src = "".join(render(a, ren)[2] for a in asts)  # (Q5_K's form writes W in a kernel of its own first)
+  assert "tg_bitcast<half>" in src and "(half)((tg_bitcast<float>(" not in src
+
 def test_the_knob_sets_the_tensor_core_opt_level(monkeypatch):
   """quant.tc_opt_level: with the form on, tinygrad's hand-coded opts take tensor cores for a 4-row product (its several
   reduce axes need level 1, its 4 rows padded to the tensor core's 8 need 2); off, the level stays and they do not."""
