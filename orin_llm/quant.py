@@ -277,8 +277,9 @@ MATMUL_ROWS = 32
 # sum's kernel (patch 0038's layouts) for 8 rows takes 2.2x a single row's in the affine form (the 8B's gate+up: 115
 # against 51 us alone; docs/PERF.md, twenty-ninth session); issue 20's verify steps want at most 1.3x. Measured at
 # BEAM=0 on an H200 (thirty-fifth session, spec_bench --verify-only, the Q4_K_M files, ORIN_LLM_TC_ROWS=4 against 0,
-# one run each, before half_codes): verify of 4 / 8 rows, 8B 10.06 -> 8.43 / 14.68 -> 11.41 ms, 3B 6.37 -> 5.61 / 8.96 -> 7.09, 1B
-# 2.48 -> 2.80 and 2.56 -> 2.66 / 3.70 -> 3.62 and 3.95 -> 3.85 (two runs; the 1B's processes differ by ~15% in decode).
+# one run each, before half_codes): verify of 4 / 8 rows, 8B 10.06 -> 8.43 / 14.68 -> 11.41 ms, 3B 6.37 -> 5.61 /
+# 8.96 -> 7.09, 1B 2.48 -> 2.80 and 2.56 -> 2.66 / 3.70 -> 3.62 and 3.95 -> 3.85 (two runs; the 1B's processes differ
+# by ~15% in decode).
 # Still off by default: the 1B's 4 rows, a search's and the server's load are unmeasured.
 def tc_rows(env=os.environ) -> int:
   """ORIN_LLM_TC_ROWS: 0 (off, the default) or a number of input rows from 2 to MATMUL_ROWS - 1."""
