@@ -271,7 +271,7 @@ def affine_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
 MATMUL_ROWS = 32
 
 # ORIN_LLM_TC_ROWS (an experiment's knob: 0, the default, is off; part of the steps file's key): products of at least
-# this many input rows and fewer than MATMUL_ROWS (batch and verify steps), of a type affine() writes, take the fused
+# this many input rows and fewer than MATMUL_ROWS (batch and verify steps), of a type in TC_TYPES, take the fused
 # tensor-core form (tc_product): each weight dequantized in float16 inside the product's kernel, multiplied with the
 # rows on tensor cores (mma.m16n8k16: 16 weight rows by 8 input rows), each weight word read once for all rows. One
 # sum's kernel (patch 0038's layouts) for 8 rows takes 2.2x a single row's in the affine form (the 8B's gate+up: 115
@@ -297,7 +297,7 @@ def tc_opt_level(rows: int) -> None:
   from tinygrad.helpers import TC_OPT
   if rows: TC_OPT.value = max(TC_OPT.value, 2)
 tc_opt_level(TC_ROWS)
-# the types whose products take that form: Q4_K's beat one sum alone (8B shapes, 4 and 8 rows: 0.59-0.88x its time),
+# the types whose products take that form: Q4_K's beat one sum alone (8B shapes, 4 and 8 rows: 0.60-0.88x its time),
 # Q6_K's lost (1.18-2.25x: 8B and 1B shapes, 4 and 8 rows), both with the hand-coded opts (H200, thirty-fifth session,
 # docs/PERF.md). The others are unmeasured.
 TC_TYPES = (QT.Q4_K,)

@@ -61,7 +61,9 @@ def test_greedy_output_is_the_plain_paths(models, rng, source):
 
 def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch):
   """ORIN_LLM_TC_ROWS=2 (quant.tc_product: a verify step's Q4_K products with float16 weights, decode's in float32):
-  greedy output with n-gram proposals is still the plain path's, up to near ties; the form did run."""
+  greedy output with n-gram proposals is still the plain path's, up to near ties; the form did run inside verify
+  steps. Both paths prefill with the knob on (chunks of 8 rows take the form too): verify is checked against decode.
+  On the CPU, which has no tensor cores, the form's arithmetic is what runs, not its kernels' layout."""
   from orin_llm import quant
   monkeypatch.setattr(quant, "TC_ROWS", 2)
   path = write_model(tmp_path / "q4k.gguf", preset("tiny-llama"), QT.Q4_K, LLAMA_VOCAB, seed=seed_for("spec-tc"), vocab_size=VOCAB)

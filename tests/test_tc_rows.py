@@ -3,6 +3,7 @@
 not written to memory) that tinygrad's tensor-core opt takes, rendered for sm_90; the knob's refusals and its place in
 the steps file's key."""
 import re
+from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT, GGML_QUANT_SIZES
@@ -85,17 +86,16 @@ def test_one_kernel_with_tensor_cores(qtype, O, K):
   with pytest.raises(KernelOptError): kernels(qtype, O, K, 8, tc=True, rows_first=True)
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q5_K, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1], ids=lambda q: q.name)
-def test_half_codes(qtype, rng):
+def test_half_codes(qtype, rng, monkeypatch):
   """quant.half_codes: affine()'s u (codes less the zero point) in float16, equal to affine()'s float32 u cast (the
   form's weights unchanged to the bit); in the product's CUDA source the codes are float16 bit patterns, not float32
   ones converted (one conversion instruction a weight)."""
-  import sys
   O, K = 16, 512
   qw = QuantWeight.from_raw(random_raw(qtype, O, K, rng).reshape(-1), qtype, O, K, "CPU")
   want = quant.affine(qw.planes, qtype)[0].cast(dtypes.float16).numpy()
   got = quant.half_codes(qw.planes, qtype).numpy()
   assert got.dtype == np.float16 and np.array_equal(got, want) and len(np.unique(got)) > 4
-  sys.path.insert(0, "scripts")
+  monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
   from render_kernels import render
   from tinygrad.helpers import Target
   from tinygrad.renderer.cstyle import CUDARenderer
