@@ -270,23 +270,21 @@ def affine_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
 # matrices (H100, 1B Q6_K, docs/PERF.md, sixth session); decode and verify rows (at most 16) stay below it
 MATMUL_ROWS = 32
 
-# ORIN_LLM_TC_ROWS (an experiment's knob: 0, the default, is off; part of the steps file's key): products of at least
-# this many input rows and fewer than MATMUL_ROWS (batch and verify steps), of a type in TC_TYPES, take the fused
-# tensor-core form (tc_product): each weight dequantized in float16 inside the product's kernel, multiplied with the
-# rows on tensor cores (mma.m16n8k16: 16 weight rows by 8 input rows), each weight word read once for all rows. One
-# sum's kernel (patch 0038's layouts) for 8 rows takes 2.2x a single row's in the affine form (the 8B's gate+up: 115
+# ORIN_LLM_TC_ROWS (default 4; 0 turns it off; part of the steps file's key): products of at least this many input rows
+# and fewer than MATMUL_ROWS (batch and verify steps), of a type in TC_TYPES and of at least TC_MIN_WEIGHTS weights, take
+# the fused tensor-core form (tc_product): each weight dequantized in float16 inside the product's kernel, multiplied
+# with the rows on tensor cores (mma.m16n8k16: 16 weight rows by 8 input rows), each weight word read once for all rows.
+# One sum's kernel (patch 0038's layouts) for 8 rows takes 2.2x a single row's in the affine form (the 8B's gate+up: 115
 # against 51 us alone; docs/PERF.md, twenty-ninth session); issue 20's verify steps want at most 1.3x. Measured at
-# BEAM=0 on an H200 (thirty-fifth session, spec_bench --verify-only, the Q4_K_M files, ORIN_LLM_TC_ROWS=4 against 0,
-# one run each, before half_codes): verify of 4 / 8 rows, 8B 10.06 -> 8.43 / 14.68 -> 11.41 ms, 3B 6.37 -> 5.61 /
-# 8.96 -> 7.09, 1B 2.48 -> 2.80 and 2.56 -> 2.66 / 3.70 -> 3.62 and 3.95 -> 3.85 (two runs; the 1B's processes differ
-# by ~15% in decode).
-# Still off by default: the 1B's 4 rows, a search's and the server's load are unmeasured.
+# BEAM=0 on an H200 (docs/PERF.md, thirty-fifth and thirty-sixth sessions): verify of 4 / 8 rows, the 8B Q4_K_M 10.06 ->
+# 8.43 / 14.68 -> 11.41 ms, the 3B 6.37 -> 5.61 / 8.96 -> 7.09; the 3B's server with 4 clients 693 -> 847 tok/s
+# aggregate, one client unchanged (410 / 412).
 def tc_rows(env=os.environ) -> int:
-  """ORIN_LLM_TC_ROWS: 0 (off, the default) or a number of input rows from 2 to MATMUL_ROWS - 1."""
-  raw = env.get("ORIN_LLM_TC_ROWS", "0").strip()
+  """ORIN_LLM_TC_ROWS: 4 (the default), 0 (off) or a number of input rows from 2 to MATMUL_ROWS - 1."""
+  raw = env.get("ORIN_LLM_TC_ROWS", "4").strip()
   if not raw.isdigit() or not (int(raw) == 0 or 2 <= int(raw) < MATMUL_ROWS):
-    raise OrinError(f"ORIN_LLM_TC_ROWS={raw!r}: 0 (off, the default) or a number of input rows from 2 to {MATMUL_ROWS - 1} "
-                    "is needed")
+    raise OrinError(f"ORIN_LLM_TC_ROWS={raw!r}: 4 (the default), 0 (off) or a number of input rows from 2 to "
+                    f"{MATMUL_ROWS - 1} is needed")
   return int(raw)
 TC_ROWS = tc_rows()
 def tc_opt_level(rows: int) -> None:
@@ -297,6 +295,13 @@ def tc_opt_level(rows: int) -> None:
   from tinygrad.helpers import TC_OPT
   if rows: TC_OPT.value = max(TC_OPT.value, 2)
 tc_opt_level(TC_ROWS)
+# the smallest matrix (weights) whose product takes the form. Its warps each take 64 weight rows of one part of the
+# reduction (tc_parts: parts of 1024), so a small matrix leaves most of the GPU idle. Q4_K shapes alone, 4 / 8 rows, the
+# form's time over one sum's (H200, docs/PERF.md, thirty-sixth session): lost at 2048x2048 (64 warps: 1.45x / 1.1x) and
+# 2560x2048 (80 warps: 1.1-1.4x / 1.2-1.3x), tied or won at 3072x3072 (144 warps: 1.0x / 0.93x), 4096x3072 (192:
+# 0.72x / 0.80x), 2048x8192 (256: 0.67x / 0.64x) and 16384x2048 (512: 0.8x / 0.55x). Measured on an H200's 132 SMs; the
+# Orin has 16, so its floor may lie lower (unmeasured).
+TC_MIN_WEIGHTS = 1 << 23
 # the types whose products take that form: Q4_K's beat one sum alone (8B shapes, 4 and 8 rows: 0.60-0.88x its time),
 # Q6_K's lost (1.18-2.25x: 8B and 1B shapes, 4 and 8 rows), both with the hand-coded opts (H200, thirty-fifth session,
 # docs/PERF.md). The others are unmeasured.
@@ -422,7 +427,8 @@ class QuantWeight:
       L = self.cols // S
       xs, ws = x16.reshape(-1, S, L).permute(1, 0, 2), w.reshape(self.rows, S, L).permute(1, 2, 0)
       return xs.matmul(ws, dtype=dtypes.float32).contiguous().sum(0)
-    if TC_ROWS and isinstance(x.shape[0], int) and x.shape[0] >= TC_ROWS and self.qtype in TC_TYPES:
+    if (TC_ROWS and isinstance(x.shape[0], int) and x.shape[0] >= TC_ROWS and self.qtype in TC_TYPES
+        and self.rows * self.cols >= TC_MIN_WEIGHTS):
       return tc_product(x, self.planes, self.qtype)
     if self.affine(x): return affine_product(x, self.planes, self.qtype)
     return (x.unsqueeze(-2) * self.weights()).sum(-1)

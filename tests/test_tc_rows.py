@@ -1,4 +1,4 @@
-"""ORIN_LLM_TC_ROWS (quant.TC_ROWS, an experiment's knob): a few rows' product in the fused tensor-core form
+"""ORIN_LLM_TC_ROWS (quant.TC_ROWS, default 4): a few rows' product in the fused tensor-core form
 (quant.tc_product). Against gguf's dequantization in float64 on the CPU; as one kernel (the dequantized float16 matrix
 not written to memory) that tinygrad's tensor-core opt takes, rendered for sm_90; the knob's refusals and its place in
 the steps file's key."""
@@ -120,21 +120,23 @@ def test_the_knob_sets_the_tensor_core_opt_level(monkeypatch):
   assert kernels(QT.Q4_K, 2048, 2048, 4, tc=False)[1][1][0].op.name == "TC"
 
 def test_the_knob(monkeypatch, tmp_path):
-  assert tc_rows({}) == 0 and tc_rows({"ORIN_LLM_TC_ROWS": "2"}) == 2 and tc_rows({"ORIN_LLM_TC_ROWS": " 8 "}) == 8
+  assert tc_rows({}) == 4 and tc_rows({"ORIN_LLM_TC_ROWS": "0"}) == 0 and tc_rows({"ORIN_LLM_TC_ROWS": "2"}) == 2 and tc_rows({"ORIN_LLM_TC_ROWS": " 8 "}) == 8
   for bad in ("1", str(quant.MATMUL_ROWS), "eight", "-2"):
     with pytest.raises(OrinError, match="ORIN_LLM_TC_ROWS"): tc_rows({"ORIN_LLM_TC_ROWS": bad})
-  # a Q4_K weight's product takes the form from TC_ROWS rows on, up to MATMUL_ROWS; a Q6_K weight's never (its form
-  # measured slower than one sum: quant.TC_TYPES)
+  # a Q4_K weight's product takes the form from TC_ROWS rows on, up to MATMUL_ROWS, if the matrix has TC_MIN_WEIGHTS
+  # weights or more; a Q6_K weight's never (its form measured slower than one sum: quant.TC_TYPES)
   calls = []
   monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype: calls.append((qtype, x.shape[0])) or Tensor.zeros(x.shape[0], 16))
   rng = np.random.default_rng()
-  for qt in (QT.Q4_K, QT.Q6_K):
-    qw = QuantWeight.from_raw(random_raw(qt, 16, 256, rng).reshape(-1), qt, 16, 256, "CPU")
-    for on in (0, 4):
-      monkeypatch.setattr(quant, "TC_ROWS", on)
-      for R in (1, 3, 4, 8):
-        qw(Tensor.empty(R, 256, device="CPU"))
-  assert calls == [(QT.Q4_K, 4), (QT.Q4_K, 8)]
+  for floor in (16 * 256, 16 * 256 + 1):
+    monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", floor)
+    for qt in (QT.Q4_K, QT.Q6_K):
+      qw = QuantWeight.from_raw(random_raw(qt, 16, 256, rng).reshape(-1), qt, 16, 256, "CPU")
+      for on in (0, 4):
+        monkeypatch.setattr(quant, "TC_ROWS", on)
+        for R in (1, 3, 4, 8):
+          qw(Tensor.empty(R, 256, device="CPU"))
+  assert calls == [(QT.Q4_K, 4), (QT.Q4_K, 8)]  # the 16x256 matrix at the floor, none under it
   # part of the steps file's key, as in effect
   from orin_llm import step_cache
   keys = {}
@@ -155,6 +157,7 @@ def test_a_batch_step_in_the_form(tmp_path, rng, monkeypatch):
   logits, calls = {}, []
   real = quant.tc_product
   monkeypatch.setattr(quant, "tc_product", lambda x, p, q: calls.append(x.shape[0]) or real(x, p, q))
+  monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)  # the tiny model's matrices are all under the floor
   for on in (0, 2):
     monkeypatch.setattr(quant, "TC_ROWS", on)
     e = Engine(path, max_context=64, chunk=8, max_batch=4)
