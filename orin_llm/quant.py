@@ -16,11 +16,11 @@ Nothing is rounded on the way: the kernel computes in float32 exactly what ggml 
 and the planes take about the file's bytes (Q4_K/Q5_K: +3%, their 6-bit scales widened to 8).
 """
 from __future__ import annotations
-import os
+import functools, os
 from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QT, GGML_QUANT_SIZES
-from tinygrad import Tensor, dtypes
+from tinygrad import Device, Tensor, dtypes
 from orin_llm import hostmem
 from orin_llm.errors import OrinError
 
@@ -276,9 +276,10 @@ MATMUL_ROWS = 32
 # with the rows on tensor cores (mma.m16n8k16: 16 weight rows by 8 input rows), each weight word read once for all rows.
 # One sum's kernel (patch 0038's layouts) for 8 rows takes 2.2x a single row's in the affine form (the 8B's gate+up: 115
 # against 51 us alone; docs/PERF.md, twenty-ninth session); issue 20's verify steps want at most 1.3x. Measured at
-# BEAM=0 on an H200 (docs/PERF.md, thirty-fifth and thirty-sixth sessions): verify of 4 / 8 rows, the 8B Q4_K_M 10.06 ->
-# 8.43 / 14.68 -> 11.41 ms, the 3B 6.37 -> 5.61 / 8.96 -> 7.09; the 3B's server with 4 clients 693 -> 847 tok/s
-# aggregate, one client unchanged (410 / 412).
+# BEAM=0 on an H200 (docs/PERF.md, thirty-fifth and thirty-sixth sessions), off -> on: verify of 4 / 8 rows, the 8B
+# Q4_K_M 10.06 -> 8.43 / 14.68 -> 11.41 ms and the 3B 6.37 -> 5.61 / 8.96 -> 7.09 (one run each); the 1B Q4_K_M, with
+# the floor below, 2.30 -> 2.18 / 3.70 -> 3.28 ms (means of two alternated runs); the 3B's server with 4 clients 693 ->
+# 847 tok/s aggregate, one client unchanged (412 -> 410; one run each). Not measured on the Orin.
 def tc_rows(env=os.environ) -> int:
   """ORIN_LLM_TC_ROWS: 4 (the default), 0 (off) or a number of input rows from 2 to MATMUL_ROWS - 1."""
   raw = env.get("ORIN_LLM_TC_ROWS", "4").strip()
@@ -290,8 +291,9 @@ TC_ROWS = tc_rows()
 def tc_opt_level(rows: int) -> None:
   """The tensor-core opt level tinygrad's hand-coded opts use (its TC_OPT), raised to 2 where the form is on: the form's
   product has several reduce axes (level 1) and fewer than 8 input rows pads the tensor core's 8-wide side (level 2).
-  Tied to the knob so that the steps file's key (which holds ORIN_LLM_TC_ROWS) names the opts too. At level 2 the
-  other kernels of the 1B's decode, verify (4, 8 rows), batch (4) and chunk steps render the same (sm_90, CPU)."""
+  Tied to the knob so that the steps file's key (which holds ORIN_LLM_TC_ROWS) names the opts too; on by default, so
+  every kernel of a process is optimized at level 2. The other kernels of the 1B's decode, verify (4, 8 rows), batch
+  (4) and chunk steps render the same at level 2 as at 0 (sm_90, CPU, thirty-fifth session)."""
   from tinygrad.helpers import TC_OPT
   if rows: TC_OPT.value = max(TC_OPT.value, 2)
 tc_opt_level(TC_ROWS)
@@ -300,8 +302,16 @@ tc_opt_level(TC_ROWS)
 # form's time over one sum's (H200, docs/PERF.md, thirty-sixth session): lost at 2048x2048 (64 warps: 1.45x / 1.1x) and
 # 2560x2048 (80 warps: 1.1-1.4x / 1.2-1.3x), tied or won at 3072x3072 (144 warps: 1.0x / 0.93x), 4096x3072 (192:
 # 0.72x / 0.80x), 2048x8192 (256: 0.67x / 0.64x) and 16384x2048 (512: 0.8x / 0.55x). Measured on an H200's 132 SMs; the
-# Orin has 16, so its floor may lie lower (unmeasured).
+# Orin has 16, so its floor may lie lower (unmeasured). Qwen3-1.7B's Q+K+V (4096x2048, 128 warps) sits at the floor,
+# between the measured loss and tie: unmeasured.
 TC_MIN_WEIGHTS = 1 << 23
+def has_tensor_cores(device) -> bool:
+  """Whether tinygrad's renderer for the device has tensor cores: the form is for them. Elsewhere (tinygrad's CPU
+  backend) a few rows keep one sum, as decode's."""
+  return isinstance(device, str) and _renderer_has_tensor_cores(device)
+@functools.cache
+def _renderer_has_tensor_cores(device: str) -> bool:
+  return bool(Device[device].renderer.tensor_cores)
 # the types whose products take that form: Q4_K's beat one sum alone (8B shapes, 4 and 8 rows: 0.60-0.88x its time),
 # Q6_K's lost (1.18-2.25x: 8B and 1B shapes, 4 and 8 rows), both with the hand-coded opts (H200, thirty-fifth session,
 # docs/PERF.md). The others are unmeasured.
@@ -409,7 +419,8 @@ class QuantWeight:
     return dequantize({k: p[idx] for k, p in self.planes.items()}, self.qtype)
   def __call__(self, x: Tensor) -> Tensor:
     """x (T, cols) -> x @ W.T (T, rows). A few rows (decode): the weights are dequantized inside the reduction,
-    each read once from the planes. From MATMUL_ROWS rows on (a prefill chunk): the matrix is dequantized once
+    each read once from the planes; from TC_ROWS rows on, a large Q4_K matrix on a device with tensor cores in
+    tc_product's form (dequantized in float16 inside the product's kernel). From MATMUL_ROWS rows on (a prefill chunk): the matrix is dequantized once
     into a float16 scratch buffer and multiplied in float16 with float32 sums, the form tinygrad maps to tensor
     cores. The planes are read after the input is computed (AFTER: an ordering edge, no kernel), so each copy
     is made just before its product and the JIT's memory planner reuses one scratch for every matrix; unordered,
@@ -428,7 +439,7 @@ class QuantWeight:
       xs, ws = x16.reshape(-1, S, L).permute(1, 0, 2), w.reshape(self.rows, S, L).permute(1, 2, 0)
       return xs.matmul(ws, dtype=dtypes.float32).contiguous().sum(0)
     if (TC_ROWS and isinstance(x.shape[0], int) and x.shape[0] >= TC_ROWS and self.qtype in TC_TYPES
-        and self.rows * self.cols >= TC_MIN_WEIGHTS):
+        and self.rows * self.cols >= TC_MIN_WEIGHTS and has_tensor_cores(x.device)):
       return tc_product(x, self.planes, self.qtype)
     if self.affine(x): return affine_product(x, self.planes, self.qtype)
     return (x.unsqueeze(-2) * self.weights()).sum(-1)

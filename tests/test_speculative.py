@@ -67,6 +67,7 @@ def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch):
   from orin_llm import quant
   monkeypatch.setattr(quant, "TC_ROWS", 2)
   monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)  # the tiny model's matrices are all under the floor
+  monkeypatch.setattr(quant, "has_tensor_cores", lambda device: True)  # the CPU's renderer has none
   path = write_model(tmp_path / "q4k.gguf", preset("tiny-llama"), QT.Q4_K, LLAMA_VOCAB, seed=seed_for("spec-tc"), vocab_size=VOCAB)
   eng = Engine(path, max_context=160, chunk=8)
   # the form's products built inside verify steps (prompt chunks of 8 rows take it too)

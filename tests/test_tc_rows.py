@@ -128,6 +128,7 @@ def test_the_knob(monkeypatch, tmp_path):
   calls = []
   monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype: calls.append((qtype, x.shape[0])) or Tensor.zeros(x.shape[0], 16))
   rng = np.random.default_rng()
+  monkeypatch.setattr(quant, "has_tensor_cores", lambda device: device == "CPU")  # as a GPU's renderer would say
   for floor in (16 * 256, 16 * 256 + 1):
     monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", floor)
     for qt in (QT.Q4_K, QT.Q6_K):
@@ -137,6 +138,14 @@ def test_the_knob(monkeypatch, tmp_path):
         for R in (1, 3, 4, 8):
           qw(Tensor.empty(R, 256, device="CPU"))
   assert calls == [(QT.Q4_K, 4), (QT.Q4_K, 8)]  # the 16x256 matrix at the floor, none under it
+  # a device whose renderer has no tensor cores (tinygrad's CPU backend) keeps one sum
+  monkeypatch.undo()
+  monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype: calls.append((qtype, x.shape[0])) or Tensor.zeros(x.shape[0], 16))
+  monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)
+  monkeypatch.setattr(quant, "TC_ROWS", 4)
+  assert not quant.has_tensor_cores("CPU")
+  QuantWeight.from_raw(random_raw(QT.Q4_K, 16, 256, rng).reshape(-1), QT.Q4_K, 16, 256, "CPU")(Tensor.empty(8, 256, device="CPU"))
+  assert len(calls) == 2
   # part of the steps file's key, as in effect
   from orin_llm import step_cache
   keys = {}
@@ -158,6 +167,7 @@ def test_a_batch_step_in_the_form(tmp_path, rng, monkeypatch):
   real = quant.tc_product
   monkeypatch.setattr(quant, "tc_product", lambda x, p, q: calls.append(x.shape[0]) or real(x, p, q))
   monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)  # the tiny model's matrices are all under the floor
+  monkeypatch.setattr(quant, "has_tensor_cores", lambda device: True)  # the form's arithmetic on the CPU
   for on in (0, 2):
     monkeypatch.setattr(quant, "TC_ROWS", on)
     e = Engine(path, max_context=64, chunk=8, max_batch=4)
