@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Per-kernel breakdown of one decode step: runs the step uncompiled with tinygrad's DEBUG=2 timing
 (each kernel synchronized and timed alone) and prints the kernels by time with their bytes and GB/s.
-  profile_decode.py MODEL [--context N] [--pos P] [--max-batch B] [--batch R | --chunk T | --group]
+  profile_decode.py MODEL [--context N] [--pos P] [--max-batch B] [--batch R | --chunk T | --verify K | --group]
 --batch R: the batched step of R rows (every row at P), as the server runs R requests at once.
+--verify K: speculative decoding's verify step of K rows of one sequence from P (K one of engine.VERIFY_SIZES).
 --chunk T: a prefill chunk of T prompt tokens from position P (T one of the engine's chunk sizes).
 --group: the step that prefills every slot's prompt at once (engine.Steps.group): group_rows tokens of each of the
 max-batch slots from position P, all real (clients that arrive together with short prompts).
@@ -20,6 +21,7 @@ ap.add_argument("--pos", type=int, default=100); ap.add_argument("--top", type=i
 ap.add_argument("--max-batch", type=int, default=4, help="slots, as the server's and the bench's: the same kernels")
 ap.add_argument("--batch", type=int, default=1, help="rows of the batched step to profile (1: the single-sequence step)")
 ap.add_argument("--chunk", type=int, default=0, help="profile a prefill chunk of this many rows from --pos instead")
+ap.add_argument("--verify", type=int, default=0, help="profile the verify step of this many rows from --pos instead")
 ap.add_argument("--group", action="store_true", help="profile the step that prefills every slot's prompt together instead")
 ap.add_argument("--compare", type=int, default=0, help="time each kernel with the hand-coded opts and with this BEAM width's results, paired")
 ap.add_argument("--graph", type=int, default=0, help="with --chunk or --group: also time the compiled step this many times, as the server runs it")
@@ -35,6 +37,15 @@ if a.chunk:  # the chunk step's model (engine.Steps.chunk) over prompt tokens fr
   def step():
     pos = eng.v_pos.bind(a.pos)
     return st.logits[0:1].assign(eng.model(st.prompt[pos:pos + T], Rows((pos,), T, eng.v_slot.bind(0)), eng.v_len.bind(T))).realize()
+elif a.verify:  # the verify step's model (engine.Steps.verify): K rows of one sequence from --pos, every row's logits
+  from orin_llm.engine import VERIFY_SIZES
+  from orin_llm.model import Rows
+  assert a.verify in VERIFY_SIZES, f"--verify {a.verify}: the engine compiles verify steps of {VERIFY_SIZES} rows"
+  assert a.pos + a.verify <= eng.max_context, "--pos + --verify past the context"
+  st, K = eng.state, a.verify
+  def step():
+    pos = eng.v_pos.bind(a.pos)
+    return st.logits[0:K].assign(eng.model(st.prompt[pos:pos + K], Rows((pos,), K, eng.v_slot.bind(0)), all_rows=True)).realize()
 elif a.group:  # the group step's model (engine.Steps.group), its variables bound as prefill_together binds them
   from orin_llm.model import Rows, key_block
   st, B, G = eng.state, eng.max_batch, eng.group_rows
@@ -67,7 +78,7 @@ if a.graph and (a.chunk or a.group):  # the compiled step as the server runs it:
   times = [served() for _ in range(a.graph + 2)][2:]  # the first two capture the step
   print(f"compiled step, {'one prompt' if a.chunk else f'{len(slots)} prompts'} of {T} tokens at {a.pos}, first tokens read: "
         f"median {np.median(times) * 1e3:.2f} ms [{min(times) * 1e3:.2f}, {max(times) * 1e3:.2f}] over {a.graph}")
-what = (f"one prefill chunk of {a.chunk} at {a.pos}" if a.chunk else f"{eng.max_batch} prompts' {eng.group_rows} tokens each at {a.pos}"
+what = (f"one prefill chunk of {a.chunk} at {a.pos}" if a.chunk else f"a verify step of {a.verify} at {a.pos}" if a.verify else f"{eng.max_batch} prompts' {eng.group_rows} tokens each at {a.pos}"
         if a.group else f"a batch step of {a.batch} at {a.pos}" if a.batch > 1 else f"one decode step at {a.pos}")
 if a.compare:
   from kernel_times import print_compare
