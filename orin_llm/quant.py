@@ -314,7 +314,8 @@ def _renderer_has_tensor_cores(device: str) -> bool:
   return bool(Device[device].renderer.tensor_cores)
 # the types whose products take that form: Q4_K's beat one sum alone (8B shapes, 4 and 8 rows: 0.60-0.88x its time),
 # Q6_K's lost (1.18-2.25x: 8B and 1B shapes, 4 and 8 rows), both with the hand-coded opts (H200, thirty-fifth session,
-# docs/PERF.md). The others are unmeasured.
+# docs/PERF.md); still after half_codes, and with the tensor core's k on the nibbles (thirty-sixth). The others are
+# unmeasured.
 TC_TYPES = (QT.Q4_K,)
 
 def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
@@ -420,8 +421,8 @@ class QuantWeight:
   def __call__(self, x: Tensor) -> Tensor:
     """x (T, cols) -> x @ W.T (T, rows). A few rows (decode): the weights are dequantized inside the reduction,
     each read once from the planes; from TC_ROWS rows on, a large Q4_K matrix on a device with tensor cores in
-    tc_product's form (dequantized in float16 inside the product's kernel). From MATMUL_ROWS rows on (a prefill chunk): the matrix is dequantized once
-    into a float16 scratch buffer and multiplied in float16 with float32 sums, the form tinygrad maps to tensor
+    tc_product's form (dequantized in float16 inside the product's kernel). From MATMUL_ROWS rows on (a prefill
+    chunk): the matrix is dequantized once into a float16 scratch buffer and multiplied in float16 with float32 sums, the form tinygrad maps to tensor
     cores. The planes are read after the input is computed (AFTER: an ordering edge, no kernel), so each copy
     is made just before its product and the JIT's memory planner reuses one scratch for every matrix; unordered,
     every dequantization depends on weights alone, the scheduler ran them all up front and the prefill step
