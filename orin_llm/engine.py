@@ -101,7 +101,7 @@ class Engine:
     self.path, self.device = path, device or Device.DEFAULT
     self.max_context = min(self.cfg.context_length, max_context or DEFAULT_CONTEXT)
     if max_batch < 1: raise OrinError(f"max_batch must be at least 1, not {max_batch}")
-    tc = bool(Device[self.device].renderer.tensor_cores)
+    tc = quant.has_tensor_cores(self.device)  # the same test as the few-row products' tensor-core form
     if chunk is None: chunk = DEFAULT_CHUNK if tc else NO_TC_CHUNK
     self.chunk = min(chunk, self.max_context)
     # chunk sizes a prompt runs in: the largest, and small ones for short prompts where the largest is a matrix step
