@@ -54,7 +54,15 @@ ROW_BLOCK = SEGMENTS * SEGMENT
 # rows of the 1B, but 168 MB for 4 prompts of 32 rows prefilled together (Steps.group). Rows past ROW_SEGMENT_BUDGET /
 # SEGMENTS take fewer, longer segments, so that a step's partial sums stay what 8 rows' are (each thread then walks
 # more keys of a block, as a prefill chunk's rows are many enough to keep the GPU busy without the split)
-ROW_SEGMENT_BUDGET = 8 * SEGMENTS
+# ORIN_LLM_ROW_SEGMENT_BUDGET=n (an experiment's knob; part of the steps file's key): rows x segments at most, in place of
+# 8 x SEGMENTS
+def row_segment_budget(env=os.environ) -> int:
+  """ORIN_LLM_ROW_SEGMENT_BUDGET: a whole number from 1 (default 8 x SEGMENTS)."""
+  raw = env.get("ORIN_LLM_ROW_SEGMENT_BUDGET", str(8 * SEGMENTS))
+  if not raw.strip().isdigit() or int(raw) < 1:
+    raise OrinError(f"ORIN_LLM_ROW_SEGMENT_BUDGET={raw!r}: a whole number from 1 is needed (default {8 * SEGMENTS})")
+  return int(raw)
+ROW_SEGMENT_BUDGET = row_segment_budget()
 
 def row_segments(rows: int) -> int:
   """Segments of a key block for this many query rows (per head): SEGMENTS up to 8 rows (decode, batches of up to 8,
@@ -108,11 +116,22 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
   y0, y1 = x0 * cos - x1 * sin, x0 * sin + x1 * cos
   return y0.unsqueeze(-1).cat(y1.unsqueeze(-1), dim=-1).reshape(N, H, D)
 
+# ORIN_LLM_ATTN_MATRIX_ROWS=n (an experiment's knob; part of the steps file's key): query rows of one sequence from which
+# they attend in the matrix form, in place of quant.MATMUL_ROWS (e.g. 4: the verify steps' rows, which share their keys
+# as a chunk's do)
+def attn_matrix_rows(env=os.environ) -> int:
+  """ORIN_LLM_ATTN_MATRIX_ROWS: a whole number from 2 (default quant.MATMUL_ROWS)."""
+  raw = env.get("ORIN_LLM_ATTN_MATRIX_ROWS", str(quant.MATMUL_ROWS))
+  if not raw.strip().isdigit() or int(raw) < 2:
+    raise OrinError(f"ORIN_LLM_ATTN_MATRIX_ROWS={raw!r}: a whole number from 2 is needed (default {quant.MATMUL_ROWS})")
+  return int(raw)
+ATTN_MATRIX_ROWS = attn_matrix_rows()
+
 def attends_as_matrix(T: int, B: int = 1) -> bool:
   """Whether T query rows per sequence of B sequences take a prefill chunk's matrix form (attend_chunk): from
-  quant.MATMUL_ROWS rows of one sequence, or of several sequences' prompts side by side (T > 1: decode and batches
-  of decode rows keep the rows' split, attend_rows, however many sequences)."""
-  return quant.as_matrix(T) or (isinstance(T, int) and T > 1 and quant.as_matrix(B * T))
+  ATTN_MATRIX_ROWS (quant.MATMUL_ROWS) rows of one sequence, or of several sequences' prompts side by side (T > 1:
+  decode and batches of decode rows keep the rows' split, attend_rows, however many sequences)."""
+  return (isinstance(T, int) and T >= ATTN_MATRIX_ROWS) or quant.as_matrix(T) or (isinstance(T, int) and T > 1 and quant.as_matrix(B * T))
 
 def key_block(T: int, B: int = 1) -> int:
   """Keys per block of the attention form that T query rows per sequence of B sequences take: the matrix form's

@@ -7,7 +7,8 @@ without that kind are made into a graph again and timed, back to back, against t
 difference is what that kind costs in the graph. The numbers the ablated steps compute are wrong (a kernel's output is
 missing), their time is what is measured. They run on the step's own buffers: they write the KV cache where the step
 would (the prefilled slots' next position), nothing the measurement reads back.
-  graph_ablation.py MODEL [--context 4352] [--max-batch 8] [--rows 8] [--top 12] [--reps 200]"""
+--verify K: speculative decoding's verify step of K rows of one sequence (engine.Steps.verify) in place of a batch.
+  graph_ablation.py MODEL [--context 4352] [--max-batch 8] [--rows 8 | --verify K] [--top 12] [--reps 200]"""
 import argparse, re, statistics, time
 from collections import defaultdict
 import numpy as np
@@ -18,7 +19,7 @@ from tinygrad.uop.ops import Ops, UOp
 from tinygrad.engine.jit import graph_split_rewrite
 from tinygrad.helpers import JIT_BATCH_SIZE
 from tinygrad.engine.realize import run_linear
-from orin_llm.engine import Engine, HIST
+from orin_llm.engine import Engine, HIST, VERIFY_SIZES
 from batch_steps import prefill_slots, model_step
 
 def kernels(linear: UOp) -> list[UOp]:
@@ -44,11 +45,20 @@ def main():
   ap.add_argument("--max-batch", type=int, default=8); ap.add_argument("--rows", type=int, default=8)
   ap.add_argument("--top", type=int, default=12); ap.add_argument("--reps", type=int, default=200)
   ap.add_argument("--prompt", type=int, default=16)
+  ap.add_argument("--verify", type=int, default=0, help="the verify step of this many rows (engine.VERIFY_SIZES) instead")
   a = ap.parse_args()
   eng, B = Engine(a.model, max_context=a.context, max_batch=a.max_batch), a.rows
-  slots = prefill_slots(eng, B, a.prompt, np.random.default_rng())
-  eng.decode(slots, HIST)  # captures the step
-  jit, _, var_vals = model_step(eng, B)
+  rng = np.random.default_rng()
+  if a.verify:
+    assert a.verify in VERIFY_SIZES, f"--verify {a.verify}: the engine compiles verify steps of {VERIFY_SIZES} rows"
+    slots, B = prefill_slots(eng, 1, a.prompt, rng), a.verify
+    for _ in range(3): eng.verify(0, rng.integers(0, eng.cfg.vocab_size, a.verify - 1).tolist())  # captures the step
+    jit = eng.steps.verify(a.verify)
+    var_vals = {eng.v_pos.expr: len(eng.slots[0].cached), eng.v_slot.expr: 0}
+  else:
+    slots = prefill_slots(eng, B, a.prompt, rng)
+    eng.decode(slots, HIST)  # captures the step
+    jit, _, var_vals = model_step(eng, B)
   calls = kernels(jit.captured.linear)
   dev = Device[eng.device]
   graph = dev.graph is not None
@@ -63,7 +73,7 @@ def main():
   groups = defaultdict(list)
   for i, c in enumerate(calls): groups[name(c)].append(i)
   whole = timed(rebuilt(calls))
-  print(f"{B}-row step: {len(calls)} kernels in {'a graph' if graph else 'order (no graph on this device)'}, rebuilt "
+  print(f"{B}-row {'verify ' if a.verify else ''}step: {len(calls)} kernels in {'a graph' if graph else 'order (no graph on this device)'}, rebuilt "
         f"whole: {whole * 1e3:.3f} ms a call ({a.reps} back to back, best of 3)")
   rows, drift = [], 0.0
   for k, idx in groups.items():

@@ -33,6 +33,7 @@ def decode_rate(gen) -> tuple[list[int], float]:
 def main():
   ap = argparse.ArgumentParser(); ap.add_argument("model", nargs="?"); ap.add_argument("--tokens", type=int, default=200)
   ap.add_argument("--context", type=int, default=2048); ap.add_argument("--json"); ap.add_argument("--repeats", type=int, default=2)
+  ap.add_argument("--depth", default="64", help="prompt tokens before the verify steps' cost is measured, e.g. 64,4000 (default 64)")
   ap.add_argument("--verify-only", action="store_true", help="only the verify step's cost (any model: no chat template needed)")
   a = ap.parse_args()
   # a BEAM run searches as the server does: from the hand-coded opts, kernels under BEAM_MIN_US skipped, seeded from
@@ -66,28 +67,32 @@ def main():
                           "answer": tok.decode([t for t in runs["plain"]["out"] if t not in tok.stop_ids])[:300]}
     print(f"{name:24s} plain {runs['plain']['tok_s']:8.1f} tok/s  ngram {runs['ngram']['tok_s']:8.1f} tok/s  "
           f"{res['tasks'][name]['ratio']:.2f}x  same tokens: {same if same else f'no, from token {diff}'}  {runs['ngram']['stats']}", flush=True)
-  # the verify step's cost against a decode step's, each with its host read (as speculation runs them)
-  eng.reset()
-  prompt = np.random.default_rng(0).integers(0, eng.cfg.vocab_size, 64).tolist()
-  eng.prefill(0, prompt)
-  def steps(fn, n=32):
-    fn(); eng.state.hist[0, 0].item()
-    t = time.perf_counter()
-    for _ in range(n): fn()
-    eng.state.hist[0, 0].item()
-    return (time.perf_counter() - t) / n
-  base = len(eng.slots[0].cached)
-  def one():
-    eng.slots[0].cached, eng.slots[0].next = eng.slots[0].cached[:base], prompt[0]
-    eng.decode([0], 1)
-  cost = {"decode": steps(one)}
-  for K in VERIFY_SIZES:
-    def ver(K=K):
+  # the verify step's cost against a decode step's, each with its host read (as speculation runs them), after a prompt
+  # of each --depth tokens: the steps are compiled once, their positions symbolic
+  res["step_ms"] = {}
+  for depth in [int(d) for d in a.depth.split(",")]:
+    assert depth + 2 * VERIFY_SIZES[-1] <= eng.max_context, f"--depth {depth}: past --context {eng.max_context}"
+    eng.reset()
+    prompt = np.random.default_rng(0).integers(0, eng.cfg.vocab_size, depth).tolist()
+    eng.prefill(0, prompt)
+    def steps(fn, n=32):
+      fn(); eng.state.hist[0, 0].item()
+      t = time.perf_counter()
+      for _ in range(n): fn()
+      eng.state.hist[0, 0].item()
+      return (time.perf_counter() - t) / n
+    base = len(eng.slots[0].cached)
+    def one():
       eng.slots[0].cached, eng.slots[0].next = eng.slots[0].cached[:base], prompt[0]
-      eng.verify(0, prompt[1:K])
-    cost[f"verify{K}"] = steps(ver)
-  res["step_ms"] = {k: v * 1e3 for k, v in cost.items()}
-  print("step cost (ms, host reads included): " + ", ".join(f"{k} {v * 1e3:.2f} ({v / cost['decode']:.2f}x)" for k, v in cost.items()))
+      eng.decode([0], 1)
+    cost = {"decode": steps(one)}
+    for K in VERIFY_SIZES:
+      def ver(K=K):
+        eng.slots[0].cached, eng.slots[0].next = eng.slots[0].cached[:base], prompt[0]
+        eng.verify(0, prompt[1:K])
+      cost[f"verify{K}"] = steps(ver)
+    res["step_ms"][depth] = {k: v * 1e3 for k, v in cost.items()}
+    print(f"step cost at depth {depth} (ms, host reads included): " + ", ".join(f"{k} {v * 1e3:.2f} ({v / cost['decode']:.2f}x)" for k, v in cost.items()), flush=True)
   if a.json:
     with open(a.json, "w") as f: json.dump(res, f, indent=1)
 

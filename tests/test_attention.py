@@ -254,3 +254,37 @@ def test_chunk_pv_parts_refuses_what_does_not_split_a_block(raw):
   from orin_llm.model import chunk_pv_parts
   with pytest.raises(OrinError, match="ORIN_LLM_CHUNK_PV_PARTS"): chunk_pv_parts({"ORIN_LLM_CHUNK_PV_PARTS": raw})
   assert chunk_pv_parts({}) == 4 and chunk_pv_parts({"ORIN_LLM_CHUNK_PV_PARTS": "1"}) == 1 and chunk_pv_parts({"ORIN_LLM_CHUNK_PV_PARTS": "16"}) == 16
+
+def test_verify_rows_in_fewer_segments(rng, monkeypatch):
+  """ORIN_LLM_ROW_SEGMENT_BUDGET (rows x segments, an experiment's knob): 8 rows of one sequence under a budget of
+  SEGMENTS walk SEGMENTS / 8 longer segments of every block (the 8B's verify step: docs/PERF.md, thirty-seventh session)."""
+  from orin_llm import model
+  monkeypatch.setattr(model, "ROW_SEGMENT_BUDGET", SEGMENTS)
+  assert model.row_segments(8) == max(1, SEGMENTS // 8) and model.row_segments(1) == SEGMENTS
+  start = int(rng.integers(0, 2 * ROW_BLOCK - 8))
+  run(rng, (start + np.arange(8)).reshape(1, 8), rows=True)
+
+def test_verify_rows_in_the_matrix_form(rng, monkeypatch):
+  """ORIN_LLM_ATTN_MATRIX_ROWS (an experiment's knob): a verify step's 8 rows of one sequence take the prefill chunk's
+  matrix form from a random start, over a block boundary; batches of decode rows (one a sequence) keep the rows' split."""
+  from orin_llm import model
+  monkeypatch.setattr(model, "ATTN_MATRIX_ROWS", 4)
+  assert model.attends_as_matrix(8) and model.attends_as_matrix(4) and not model.attends_as_matrix(1, 8)
+  assert model.key_block(8) == KV_BLOCK
+  start = int(rng.integers(KV_BLOCK - 8, KV_BLOCK)) + KV_BLOCK * int(rng.integers(0, 3))
+  run(rng, (start + np.arange(8)).reshape(1, 8), rows=False)
+
+@pytest.mark.parametrize("knob,fn,bad", [("ORIN_LLM_ROW_SEGMENT_BUDGET", "row_segment_budget", ["0", "-8", "x", "", "1.5"]),
+                                         ("ORIN_LLM_ATTN_MATRIX_ROWS", "attn_matrix_rows", ["0", "1", "x", "", "4.0"])])
+def test_attention_knobs_refuse_what_is_not_a_count(knob, fn, bad, monkeypatch):
+  """The verify attention's experiment knobs: their defaults (the forms before them), a bound and a one-line error;
+  each is part of the steps file's key (steps compiled under another value are other programs)."""
+  from orin_llm import model, quant, step_cache
+  monkeypatch.setenv(knob, "16")
+  assert step_cache._opts_env()[knob] == "16"
+  from orin_llm.errors import OrinError
+  parse = getattr(model, fn)
+  for raw in bad:
+    with pytest.raises(OrinError, match=knob): parse({knob: raw})
+  assert model.row_segment_budget({}) == 8 * SEGMENTS and model.attn_matrix_rows({}) == quant.MATMUL_ROWS
+  assert parse({knob: "16"}) == 16
