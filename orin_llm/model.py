@@ -55,7 +55,7 @@ ROW_BLOCK = SEGMENTS * SEGMENT
 # SEGMENTS take fewer, longer segments, so that a step's partial sums stay what 8 rows' are (each thread then walks
 # more keys of a block, as a prefill chunk's rows are many enough to keep the GPU busy without the split)
 # ORIN_LLM_ROW_SEGMENT_BUDGET=n (an experiment's knob; part of the steps file's key): rows x segments at most, in place of
-# 8 x SEGMENTS
+# 8 x SEGMENTS. It counts a batch's rows (one a sequence) as a verify step's; under SEGMENTS it cuts decode's too
 def row_segment_budget(env=os.environ) -> int:
   """ORIN_LLM_ROW_SEGMENT_BUDGET: a whole number from 1 (default 8 x SEGMENTS)."""
   raw = env.get("ORIN_LLM_ROW_SEGMENT_BUDGET", str(8 * SEGMENTS))
@@ -66,10 +66,9 @@ ROW_SEGMENT_BUDGET = row_segment_budget()
 
 def row_segments(rows: int) -> int:
   """Segments of a key block for this many query rows (per head): SEGMENTS up to 8 rows (decode, batches of up to 8,
-  verify steps), halved for each doubling of the rows after."""
-  s = SEGMENTS
-  while s > 1 and rows * s > ROW_SEGMENT_BUDGET: s //= 2
-  return s
+  verify steps), then the most that divide SEGMENTS (a block's keys split evenly) with rows x segments within the
+  budget: halved for each doubling of the rows where SEGMENTS is a power of two."""
+  return max([s for s in range(1, SEGMENTS + 1) if SEGMENTS % s == 0 and rows * s <= ROW_SEGMENT_BUDGET] or [1])
 # the score of a masked key: finite, so that a segment with no visible key (its maximum this value) gives exp(0) = 1
 # for its keys, sums of finite values, which its weight exp(MASKED - max) = 0 then removes; -inf would give NaN there
 MASKED = -1e30
@@ -116,9 +115,10 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
   y0, y1 = x0 * cos - x1 * sin, x0 * sin + x1 * cos
   return y0.unsqueeze(-1).cat(y1.unsqueeze(-1), dim=-1).reshape(N, H, D)
 
-# ORIN_LLM_ATTN_MATRIX_ROWS=n (an experiment's knob; part of the steps file's key): query rows of one sequence from which
+# ORIN_LLM_ATTN_MATRIX_ROWS=n (an experiment's knob; part of the steps file's key): query rows per sequence from which
 # they attend in the matrix form, in place of quant.MATMUL_ROWS (e.g. 4: the verify steps' rows, which share their keys
-# as a chunk's do)
+# as a chunk's do; also the group step's prompts of fewer than 32 rows each: on a GPU only with ORIN_LLM_GROUP_ROWS
+# under 32, on the CPU backend always)
 def attn_matrix_rows(env=os.environ) -> int:
   """ORIN_LLM_ATTN_MATRIX_ROWS: a whole number from 2 (default quant.MATMUL_ROWS)."""
   raw = env.get("ORIN_LLM_ATTN_MATRIX_ROWS", str(quant.MATMUL_ROWS))

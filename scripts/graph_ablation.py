@@ -51,7 +51,9 @@ def main():
   rng = np.random.default_rng()
   if a.verify:
     assert a.verify in VERIFY_SIZES, f"--verify {a.verify}: the engine compiles verify steps of {VERIFY_SIZES} rows"
-    slots, B = prefill_slots(eng, 1, a.prompt, rng), a.verify
+    assert a.prompt + 4 * a.verify <= a.context, "--prompt too near --context: the verify steps would be cut short"
+    prefill_slots(eng, 1, a.prompt, rng)
+    B = a.verify
     for _ in range(3): eng.verify(0, rng.integers(0, eng.cfg.vocab_size, a.verify - 1).tolist())  # captures the step
     jit = eng.steps.verify(a.verify)
     var_vals = {eng.v_pos.expr: len(eng.slots[0].cached), eng.v_slot.expr: 0}

@@ -71,7 +71,8 @@ def main():
   # of each --depth tokens: the steps are compiled once, their positions symbolic
   res["step_ms"] = {}
   for depth in [int(d) for d in a.depth.split(",")]:
-    assert depth + 2 * VERIFY_SIZES[-1] <= eng.max_context, f"--depth {depth}: past --context {eng.max_context}"
+    assert VERIFY_SIZES[-1] <= depth <= eng.max_context - 2 * VERIFY_SIZES[-1], \
+      f"--depth {depth}: from {VERIFY_SIZES[-1]} (the proposals come from the prompt) to --context less {2 * VERIFY_SIZES[-1]}"
     eng.reset()
     prompt = np.random.default_rng(0).integers(0, eng.cfg.vocab_size, depth).tolist()
     eng.prefill(0, prompt)

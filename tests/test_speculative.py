@@ -87,6 +87,31 @@ def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch):
   same_but_for_ties(eng, prompt, got, want)
   assert calls and sp.accepted > 0, (calls, sp.stats())
 
+def test_greedy_output_with_verify_rows_as_a_matrix(tmp_path, rng, monkeypatch):
+  """ORIN_LLM_ATTN_MATRIX_ROWS=4 (an experiment's knob): the verify steps' rows attend in the prefill chunk's matrix
+  form (float16 products over blocks of KV_BLOCK keys, their count bound from the step's symbolic position); greedy
+  output with n-gram proposals is the plain path's up to near ties, and the matrix form did run inside verify steps.
+  The prompt's chunks of 8 rows take it too, on both paths."""
+  from orin_llm import model
+  monkeypatch.setattr(model, "ATTN_MATRIX_ROWS", 4)
+  path = write_model(tmp_path / "m.gguf", preset("tiny-llama"), QT.Q6_K, LLAMA_VOCAB, seed=seed_for("spec-matrix"), vocab_size=VOCAB)
+  eng = Engine(path, max_context=600, chunk=8)
+  rows, real, verifying = [], model.Block.attend_chunk, []
+  monkeypatch.setattr(model.Block, "attend_chunk", lambda self, q, *a: (verifying and rows.append(q.shape[3])) or real(self, q, *a))
+  real_verify = eng.verify
+  def verify(*a, **k):  # the matrix form counted while a verify step is built, not a prompt chunk
+    verifying.append(1)
+    try: return real_verify(*a, **k)
+    finally: verifying.pop()
+  monkeypatch.setattr(eng, "verify", verify)
+  prompt = rng.integers(0, VOCAB, 100).tolist() * 3  # past the first block of KV_BLOCK keys
+  want = plain(eng, prompt, 40)
+  sp = Speculator(NgramDraft())
+  eng.reset()
+  got = list(eng.generate(prompt, 40, Sampling(), speculator=sp))
+  same_but_for_ties(eng, prompt, got, want)
+  assert sp.accepted > 0 and rows and set(rows) <= {4, 8}, (rows, sp.stats())
+
 def test_rejected_proposals_roll_back(models, rng):
   """Wrong proposals: one token comes back (the plain path's), the slot caches only its input, and what the rejected
   rows wrote into the cache does not change any later token; right proposals are all accepted, plus one."""
