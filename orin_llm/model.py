@@ -115,10 +115,10 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
   y0, y1 = x0 * cos - x1 * sin, x0 * sin + x1 * cos
   return y0.unsqueeze(-1).cat(y1.unsqueeze(-1), dim=-1).reshape(N, H, D)
 
-# ORIN_LLM_ATTN_MATRIX_ROWS=n (an experiment's knob; part of the steps file's key): query rows per sequence from which
+# ORIN_LLM_ATTN_MATRIX_ROWS=n (an experiment's knob; part of the steps file's key): query rows of one sequence from which
 # they attend in the matrix form, in place of quant.MATMUL_ROWS (e.g. 4: the verify steps' rows, which share their keys
-# as a chunk's do; also the group step's prompts of fewer than 32 rows each: on a GPU only with ORIN_LLM_GROUP_ROWS
-# under 32, on the CPU backend always)
+# as a chunk's do; on the CPU backend its prefill chunks of 16 rows too). Several sequences' prompts together
+# (Steps.group) keep their rule
 def attn_matrix_rows(env=os.environ) -> int:
   """ORIN_LLM_ATTN_MATRIX_ROWS: a whole number from 2 (default quant.MATMUL_ROWS)."""
   raw = env.get("ORIN_LLM_ATTN_MATRIX_ROWS", str(quant.MATMUL_ROWS))
@@ -129,9 +129,9 @@ ATTN_MATRIX_ROWS = attn_matrix_rows()
 
 def attends_as_matrix(T: int, B: int = 1) -> bool:
   """Whether T query rows per sequence of B sequences take a prefill chunk's matrix form (attend_chunk): from
-  ATTN_MATRIX_ROWS (quant.MATMUL_ROWS) rows of one sequence, or of several sequences' prompts side by side (T > 1:
+  quant.MATMUL_ROWS rows (ATTN_MATRIX_ROWS of a lone sequence), or of several sequences' prompts side by side (T > 1:
   decode and batches of decode rows keep the rows' split, attend_rows, however many sequences)."""
-  return (isinstance(T, int) and T >= ATTN_MATRIX_ROWS) or quant.as_matrix(T) or (isinstance(T, int) and T > 1 and quant.as_matrix(B * T))
+  return (isinstance(T, int) and B == 1 and T >= ATTN_MATRIX_ROWS) or quant.as_matrix(T) or (isinstance(T, int) and T > 1 and quant.as_matrix(B * T))
 
 def key_block(T: int, B: int = 1) -> int:
   """Keys per block of the attention form that T query rows per sequence of B sequences take: the matrix form's

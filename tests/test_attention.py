@@ -270,6 +270,7 @@ def test_verify_rows_in_the_matrix_form(rng, monkeypatch):
   from orin_llm import model
   monkeypatch.setattr(model, "ATTN_MATRIX_ROWS", 4)
   assert model.attends_as_matrix(8) and model.attends_as_matrix(4) and not model.attends_as_matrix(1, 8)
+  assert not model.attends_as_matrix(4, 4)  # several sequences' prompts of 4 rows (Steps.group on the CPU) keep theirs
   assert model.key_block(8) == KV_BLOCK
   start = int(rng.integers(KV_BLOCK - 8, KV_BLOCK)) + KV_BLOCK * int(rng.integers(0, 3))
   run(rng, (start + np.arange(8)).reshape(1, 8), rows=False)

@@ -131,13 +131,13 @@ def test_prompts_prefilled_together_equal_alone(eng, rng, sampled):
   longer than a step, one sharing a cached prefix with its slot) give the first-token logits and tokens each gives
   prefilled alone, and then decode as it does; slot 3, idle, keeps what it caches. Here the rows' attention form
   (attend_rows), as on a CPU."""
-  assert key_block(eng.group_rows) == ROW_BLOCK
+  assert key_block(eng.group_rows, eng.max_batch) == ROW_BLOCK
   check_prefilled_together(eng, rng, sampled)
 
 def test_prompts_prefilled_together_in_the_matrix_form_equal_alone(eng_matrix, rng):
   """As above, with the prompts' rows in the matrix form (attend_chunk over several sequences, float16 products),
   as a GPU runs them."""
-  assert key_block(eng_matrix.group_rows) == KV_BLOCK
+  assert key_block(eng_matrix.group_rows, eng_matrix.max_batch) == KV_BLOCK
   check_prefilled_together(eng_matrix, rng, sampled=False)
 
 @pytest.fixture(scope="module")
