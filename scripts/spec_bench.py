@@ -69,6 +69,12 @@ def main():
           f"{res['tasks'][name]['ratio']:.2f}x  same tokens: {same if same else f'no, from token {diff}'}  {runs['ngram']['stats']}", flush=True)
   # the verify step's cost against a decode step's, each with its host read (as speculation runs them), after a prompt
   # of each --depth tokens: the steps are compiled once, their positions symbolic
+  def steps(fn, n=32):
+    fn(); eng.state.hist[0, 0].item()
+    t = time.perf_counter()
+    for _ in range(n): fn()
+    eng.state.hist[0, 0].item()
+    return (time.perf_counter() - t) / n
   res["step_ms"] = {}
   for depth in [int(d) for d in a.depth.split(",")]:
     assert VERIFY_SIZES[-1] <= depth <= eng.max_context - 2 * VERIFY_SIZES[-1], \
@@ -76,12 +82,6 @@ def main():
     eng.reset()
     prompt = np.random.default_rng(0).integers(0, eng.cfg.vocab_size, depth).tolist()
     eng.prefill(0, prompt)
-    def steps(fn, n=32):
-      fn(); eng.state.hist[0, 0].item()
-      t = time.perf_counter()
-      for _ in range(n): fn()
-      eng.state.hist[0, 0].item()
-      return (time.perf_counter() - t) / n
     base = len(eng.slots[0].cached)
     def one():
       eng.slots[0].cached, eng.slots[0].next = eng.slots[0].cached[:base], prompt[0]
