@@ -115,21 +115,25 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
   y0, y1 = x0 * cos - x1 * sin, x0 * sin + x1 * cos
   return y0.unsqueeze(-1).cat(y1.unsqueeze(-1), dim=-1).reshape(N, H, D)
 
-# ORIN_LLM_ATTN_MATRIX_ROWS=n (an experiment's knob; part of the steps file's key): query rows of one sequence from which
-# they attend in the matrix form, in place of quant.MATMUL_ROWS (e.g. 4: the verify steps' rows, which share their keys
-# as a chunk's do; on the CPU backend its prefill chunks of 16 rows too). Several sequences' prompts together
-# (Steps.group) keep their rule
+# Query rows of one sequence from which they attend in the matrix form (attend_chunk: float16 products on tensor cores over
+# blocks of KV_BLOCK keys), not the rows' split (attend_rows: ROW_BLOCK keys, SEGMENTS segments a block, each row's partial
+# sums kept apart). A verify step's rows share their keys as a prompt chunk's do; in the rows' split each row re-reads
+# them and writes SEGMENTS partial sums: 2.5 ms of the 8B's 8-row verify step (23%). In the matrix form the 8B's verify
+# steps took 26-27% less at depths 64 and 4000 (H200, thirty-eighth session, docs/PERF.md). On the CPU backend its prefill
+# chunks of NO_TC_CHUNK rows take it too. Several sequences' rows together (batches, Steps.group) keep their rule.
+# ORIN_LLM_ATTN_MATRIX_ROWS=n (part of the steps file's key) moves the bound: 32 (quant.MATMUL_ROWS) is the rule before.
+DEFAULT_ATTN_MATRIX_ROWS = 4
 def attn_matrix_rows(env=os.environ) -> int:
-  """ORIN_LLM_ATTN_MATRIX_ROWS: a whole number from 2 (default quant.MATMUL_ROWS)."""
-  raw = env.get("ORIN_LLM_ATTN_MATRIX_ROWS", str(quant.MATMUL_ROWS))
+  """ORIN_LLM_ATTN_MATRIX_ROWS: a whole number from 2 (default DEFAULT_ATTN_MATRIX_ROWS)."""
+  raw = env.get("ORIN_LLM_ATTN_MATRIX_ROWS", str(DEFAULT_ATTN_MATRIX_ROWS))
   if not raw.strip().isdigit() or int(raw) < 2:
-    raise OrinError(f"ORIN_LLM_ATTN_MATRIX_ROWS={raw!r}: a whole number from 2 is needed (default {quant.MATMUL_ROWS})")
+    raise OrinError(f"ORIN_LLM_ATTN_MATRIX_ROWS={raw!r}: a whole number from 2 is needed (default {DEFAULT_ATTN_MATRIX_ROWS})")
   return int(raw)
 ATTN_MATRIX_ROWS = attn_matrix_rows()
 
 def attends_as_matrix(T: int, B: int = 1) -> bool:
   """Whether T query rows per sequence of B sequences take a prefill chunk's matrix form (attend_chunk): from
-  quant.MATMUL_ROWS rows (ATTN_MATRIX_ROWS of a lone sequence), or of several sequences' prompts side by side (T > 1:
+  quant.MATMUL_ROWS rows (from ATTN_MATRIX_ROWS of a lone sequence: a verify step's), or of several sequences' prompts side by side (T > 1:
   decode and batches of decode rows keep the rows' split, attend_rows, however many sequences)."""
   return (isinstance(T, int) and B == 1 and T >= ATTN_MATRIX_ROWS) or quant.as_matrix(T) or (isinstance(T, int) and T > 1 and quant.as_matrix(B * T))
 

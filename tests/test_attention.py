@@ -265,10 +265,10 @@ def test_verify_rows_in_fewer_segments(rng, monkeypatch):
   run(rng, (start + np.arange(8)).reshape(1, 8), rows=True)
 
 def test_verify_rows_in_the_matrix_form(rng, monkeypatch):
-  """ORIN_LLM_ATTN_MATRIX_ROWS (an experiment's knob): a verify step's 8 rows of one sequence take the prefill chunk's
-  matrix form from a random start, over a block boundary; batches of decode rows (one a sequence) keep the rows' split."""
+  """By default (model.ATTN_MATRIX_ROWS) a verify step's 8 rows of one sequence take the prefill chunk's matrix form,
+  here from a random start over a block boundary; batches of decode rows (one a sequence) keep the rows' split."""
   from orin_llm import model
-  monkeypatch.setattr(model, "ATTN_MATRIX_ROWS", 4)
+  assert model.ATTN_MATRIX_ROWS == model.DEFAULT_ATTN_MATRIX_ROWS == 4  # unset in the tests' environment
   assert model.attends_as_matrix(8) and model.attends_as_matrix(4) and not model.attends_as_matrix(1, 8)
   assert not model.attends_as_matrix(4, 4)  # several sequences' prompts of 4 rows (Steps.group on the CPU) keep theirs
   assert model.key_block(8) == KV_BLOCK
@@ -287,5 +287,5 @@ def test_attention_knobs_refuse_what_is_not_a_count(knob, fn, bad, monkeypatch):
   parse = getattr(model, fn)
   for raw in bad:
     with pytest.raises(OrinError, match=knob): parse({knob: raw})
-  assert model.row_segment_budget({}) == 8 * SEGMENTS and model.attn_matrix_rows({}) == quant.MATMUL_ROWS
+  assert model.row_segment_budget({}) == 8 * SEGMENTS and model.attn_matrix_rows({}) == model.DEFAULT_ATTN_MATRIX_ROWS
   assert parse({knob: "16"}) == 16

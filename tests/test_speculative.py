@@ -87,19 +87,25 @@ def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch):
   same_but_for_ties(eng, prompt, got, want)
   assert calls and sp.accepted > 0, (calls, sp.stats())
 
-def test_greedy_output_with_verify_rows_as_a_matrix(tmp_path, rng, monkeypatch):
-  """ORIN_LLM_ATTN_MATRIX_ROWS=4 (an experiment's knob): the verify steps' rows attend in the prefill chunk's matrix
-  form (float16 products over blocks of KV_BLOCK keys, their count bound from the step's symbolic position); greedy
-  output with n-gram proposals is the plain path's up to near ties, and the matrix form did run inside verify steps.
-  The prompt's chunks of 8 rows take it too, on both paths."""
+@pytest.mark.parametrize("matrix_rows", [None, 32])
+def test_greedy_output_with_each_verify_attention(tmp_path, rng, monkeypatch, matrix_rows):
+  """The verify steps' rows attend in the prefill chunk's matrix form (model.ATTN_MATRIX_ROWS, default: float16
+  products over blocks of KV_BLOCK keys, their count bound from the step's symbolic position), or with
+  ORIN_LLM_ATTN_MATRIX_ROWS=32 in the rows' split (the rule before): greedy output with n-gram proposals is the plain
+  path's up to near ties either way, and the form expected did run inside verify steps. The prompt's chunks of 8 rows
+  take the matrix form by default, on both paths."""
   from orin_llm import model
-  monkeypatch.setattr(model, "ATTN_MATRIX_ROWS", 4)
+  if matrix_rows: monkeypatch.setattr(model, "ATTN_MATRIX_ROWS", matrix_rows)
   path = write_model(tmp_path / "m.gguf", preset("tiny-llama"), QT.Q6_K, LLAMA_VOCAB, seed=seed_for("spec-matrix"), vocab_size=VOCAB)
   eng = Engine(path, max_context=600, chunk=8)
-  rows, real, verifying = [], model.Block.attend_chunk, []
-  monkeypatch.setattr(model.Block, "attend_chunk", lambda self, q, *a: (verifying and rows.append(q.shape[3])) or real(self, q, *a))
+  forms, verifying = [], []
+  for name in ("attend_chunk", "attend_rows"):
+    def counted(self, q, *a, name=name, real=getattr(model.Block, name)):
+      if verifying: forms.append((name, q.shape[3]))
+      return real(self, q, *a)
+    monkeypatch.setattr(model.Block, name, counted)
   real_verify = eng.verify
-  def verify(*a, **k):  # the matrix form counted while a verify step is built, not a prompt chunk
+  def verify(*a, **k):  # the forms counted while a verify step is built, not a prompt chunk
     verifying.append(1)
     try: return real_verify(*a, **k)
     finally: verifying.pop()
@@ -110,7 +116,9 @@ def test_greedy_output_with_verify_rows_as_a_matrix(tmp_path, rng, monkeypatch):
   eng.reset()
   got = list(eng.generate(prompt, 40, Sampling(), speculator=sp))
   same_but_for_ties(eng, prompt, got, want)
-  assert sp.accepted > 0 and rows and set(rows) <= {4, 8}, (rows, sp.stats())
+  expected = "attend_rows" if matrix_rows else "attend_chunk"
+  assert sp.accepted > 0 and forms and {f for f, _ in forms} == {expected}, (forms, sp.stats())
+  assert {t for _, t in forms} <= {4, 8}, forms  # the verify steps' rows: proposals padded to 3 or 7
 
 def test_rejected_proposals_roll_back(models, rng):
   """Wrong proposals: one token comes back (the plain path's), the slot caches only its input, and what the rejected
