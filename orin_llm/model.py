@@ -118,9 +118,11 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
 # Query rows of one sequence from which they attend in the matrix form (attend_chunk: float16 products on tensor cores over
 # blocks of KV_BLOCK keys), not the rows' split (attend_rows: ROW_BLOCK keys, SEGMENTS segments a block, each row's partial
 # sums kept apart). A verify step's rows share their keys as a prompt chunk's do; in the rows' split each row re-reads
-# them and writes SEGMENTS partial sums: 2.5 ms of the 8B's 8-row verify step (23%). In the matrix form the 8B's verify
-# steps took 26-27% less at depths 64 and 4000 (H200, thirty-eighth session, docs/PERF.md). On the CPU backend its prefill
-# chunks of NO_TC_CHUNK rows take it too. Several sequences' rows together (batches, Steps.group) keep their rule.
+# them and writes SEGMENTS partial sums: 2.5 ms of the 8B's 8-row verify step (23%). In the matrix form (H200, BEAM=0,
+# thirty-eighth session, docs/PERF.md) the 8B's verify steps of 8 rows took 26-27% less at depths 64 and 4000, of 4 rows
+# 11-18% less; the 1B Q6_K's of 8 rows 10-17% less, of 4 rows the same at depth 64 and 17% more at 4000 (the one loss).
+# On the CPU backend its prefill chunks of NO_TC_CHUNK rows take it too. Several sequences' rows together (batches,
+# Steps.group) keep their rule.
 # ORIN_LLM_ATTN_MATRIX_ROWS=n (part of the steps file's key) moves the bound: 32 (quant.MATMUL_ROWS) is the rule before.
 DEFAULT_ATTN_MATRIX_ROWS = 4
 def attn_matrix_rows(env=os.environ) -> int:
