@@ -54,15 +54,9 @@ ROW_BLOCK = SEGMENTS * SEGMENT
 # rows of the 1B, but 168 MB for 4 prompts of 32 rows prefilled together (Steps.group). Rows past ROW_SEGMENT_BUDGET /
 # SEGMENTS take fewer, longer segments, so that a step's partial sums stay what 8 rows' are (each thread then walks
 # more keys of a block, as a prefill chunk's rows are many enough to keep the GPU busy without the split)
-# ORIN_LLM_ROW_SEGMENT_BUDGET=n (an experiment's knob; part of the steps file's key): rows x segments at most, in place of
-# 8 x SEGMENTS. It counts a batch's rows (one a sequence) as a verify step's; under SEGMENTS it cuts decode's too
-def row_segment_budget(env=os.environ) -> int:
-  """ORIN_LLM_ROW_SEGMENT_BUDGET: a whole number from 1 (default 8 x SEGMENTS)."""
-  raw = env.get("ORIN_LLM_ROW_SEGMENT_BUDGET", str(8 * SEGMENTS))
-  if not raw.strip().isdigit() or int(raw) < 1:
-    raise OrinError(f"ORIN_LLM_ROW_SEGMENT_BUDGET={raw!r}: a whole number from 1 is needed (default {8 * SEGMENTS})")
-  return int(raw)
-ROW_SEGMENT_BUDGET = row_segment_budget()
+# (an experiment's knob ORIN_LLM_ROW_SEGMENT_BUDGET, thirty-seventh session, made verify steps of 8 rows cheaper with a
+# smaller budget and batch steps dearer by up to 23%; removed once the verify rows took the matrix form: docs/PERF.md)
+ROW_SEGMENT_BUDGET = 8 * SEGMENTS
 
 def row_segments(rows: int) -> int:
   """Segments of a key block for this many query rows (per head): SEGMENTS up to 8 rows (decode, batches of up to 8,

@@ -255,9 +255,9 @@ def test_chunk_pv_parts_refuses_what_does_not_split_a_block(raw):
   with pytest.raises(OrinError, match="ORIN_LLM_CHUNK_PV_PARTS"): chunk_pv_parts({"ORIN_LLM_CHUNK_PV_PARTS": raw})
   assert chunk_pv_parts({}) == 4 and chunk_pv_parts({"ORIN_LLM_CHUNK_PV_PARTS": "1"}) == 1 and chunk_pv_parts({"ORIN_LLM_CHUNK_PV_PARTS": "16"}) == 16
 
-def test_verify_rows_in_fewer_segments(rng, monkeypatch):
-  """ORIN_LLM_ROW_SEGMENT_BUDGET (rows x segments, an experiment's knob): 8 rows of one sequence under a budget of
-  SEGMENTS walk SEGMENTS / 8 longer segments of every block (the 8B's verify step: docs/PERF.md, thirty-seventh session)."""
+def test_rows_in_fewer_segments(rng, monkeypatch):
+  """model.ROW_SEGMENT_BUDGET (rows x segments, at most; past it, group steps' rows take fewer segments): 8 rows of one
+  sequence under a budget of SEGMENTS walk SEGMENTS / 8 longer segments of every block."""
   from orin_llm import model
   monkeypatch.setattr(model, "ROW_SEGMENT_BUDGET", SEGMENTS)
   assert model.row_segments(8) == max(1, SEGMENTS // 8) and model.row_segments(1) == SEGMENTS
@@ -275,17 +275,14 @@ def test_verify_rows_in_the_matrix_form(rng, monkeypatch):
   start = int(rng.integers(KV_BLOCK - 8, KV_BLOCK)) + KV_BLOCK * int(rng.integers(0, 3))
   run(rng, (start + np.arange(8)).reshape(1, 8), rows=False)
 
-@pytest.mark.parametrize("knob,fn,bad", [("ORIN_LLM_ROW_SEGMENT_BUDGET", "row_segment_budget", ["0", "-8", "x", "", "1.5"]),
-                                         ("ORIN_LLM_ATTN_MATRIX_ROWS", "attn_matrix_rows", ["0", "1", "x", "", "4.0"])])
-def test_attention_knobs_refuse_what_is_not_a_count(knob, fn, bad, monkeypatch):
-  """The verify attention's experiment knobs: their defaults (the forms before them), a bound and a one-line error;
-  each is part of the steps file's key (steps compiled under another value are other programs)."""
-  from orin_llm import model, quant, step_cache
+def test_attn_matrix_rows_refuses_what_is_not_a_count(monkeypatch):
+  """ORIN_LLM_ATTN_MATRIX_ROWS: its default, a bound and a one-line error; part of the steps file's key (steps compiled
+  under another value are other programs)."""
+  from orin_llm import model, step_cache
+  from orin_llm.errors import OrinError
+  knob = "ORIN_LLM_ATTN_MATRIX_ROWS"
   monkeypatch.setenv(knob, "16")
   assert step_cache._opts_env()[knob] == "16"
-  from orin_llm.errors import OrinError
-  parse = getattr(model, fn)
-  for raw in bad:
-    with pytest.raises(OrinError, match=knob): parse({knob: raw})
-  assert model.row_segment_budget({}) == 8 * SEGMENTS and model.attn_matrix_rows({}) == model.DEFAULT_ATTN_MATRIX_ROWS
-  assert parse({knob: "16"}) == 16
+  for raw in ["0", "1", "x", "", "4.0"]:
+    with pytest.raises(OrinError, match=knob): model.attn_matrix_rows({knob: raw})
+  assert model.attn_matrix_rows({}) == model.DEFAULT_ATTN_MATRIX_ROWS and model.attn_matrix_rows({knob: "16"}) == 16
