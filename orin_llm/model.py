@@ -81,6 +81,22 @@ def chunk_pv_parts(env=os.environ) -> int:
   return int(raw)
 PV_PARTS = chunk_pv_parts()
 
+# The matrix form's scores of fewer query rows than a tensor core's 8 columns (a verify step of 4 rows: T = 4) had no
+# tensor core: the heads of a group (g) and the rows (T) are two axes of 4, neither of 8, and tinygrad's TC opt takes
+# one axis a side (rendered for sm_90 from a one-layer 1B file, thirty-eighth session). There the 1B Q6_K's verify of 4
+# rows at depth 4000 cost 17% more than in the rows' split (H200, docs/PERF.md). Merged into one axis of g*T rows the
+# product takes a tensor core, if the mask (which needs each row's position: the merged index modulo T, which tinygrad
+# splits back into two ranges) is applied after the scores are written, in the two kernels that read them.
+# ORIN_LLM_MERGED_SCORES_ROWS=n (an experiment's knob; part of the steps file's key; default 0, off): query rows per
+# sequence under which the scores are merged so
+def merged_scores_rows(env=os.environ) -> int:
+  """ORIN_LLM_MERGED_SCORES_ROWS: a whole number, 0 (default, off) or the rows per sequence under which it applies."""
+  raw = env.get("ORIN_LLM_MERGED_SCORES_ROWS", "0")
+  if not raw.strip().isdigit():
+    raise OrinError(f"ORIN_LLM_MERGED_SCORES_ROWS={raw!r}: a whole number of rows is needed (default 0, off)")
+  return int(raw)
+MERGED_SCORES_ROWS = merged_scores_rows()
+
 def kv_capacity(max_context: int) -> int:
   """Rows of the KV cache: the context rounded up to whole blocks of either form."""
   b = math.lcm(KV_BLOCK, ROW_BLOCK)
@@ -339,9 +355,14 @@ class Block:
     # at another context (the scores and the product with V were the prewarm's longest searches, 60 s each: issue 25)
     # Several sequences (their prompts prefilled together, Steps.group): B an outer axis of every buffer, each
     # sequence's queries against its own slot's keys; for one, that axis is 1 and the kernels are a lone chunk's
-    q16 = q.reshape(1, B, KV, g, T, 1, D).cast(dtypes.float16).contiguous()
-    keys = kv[:, :, :, 0].permute(0, 2, 3, 1, 4).reshape(nb, B, KV, 1, 1, KV_BLOCK, D)
-    scores = (q16 * keys).sum(-1, dtype=dtypes.float32)  # (nb, B, KV, g, T, KV_BLOCK)
+    if T < MERGED_SCORES_ROWS:  # one axis of g*T rows, the scores written before the mask (MERGED_SCORES_ROWS)
+      q16 = q.reshape(1, B, KV, g * T, 1, D).cast(dtypes.float16).contiguous()
+      keys = kv[:, :, :, 0].permute(0, 2, 3, 1, 4).reshape(nb, B, KV, 1, KV_BLOCK, D)
+      scores = (q16 * keys).sum(-1, dtype=dtypes.float32).contiguous().reshape(nb, B, KV, g, T, KV_BLOCK)
+    else:
+      q16 = q.reshape(1, B, KV, g, T, 1, D).cast(dtypes.float16).contiguous()
+      keys = kv[:, :, :, 0].permute(0, 2, 3, 1, 4).reshape(nb, B, KV, 1, 1, KV_BLOCK, D)
+      scores = (q16 * keys).sum(-1, dtype=dtypes.float32)  # (nb, B, KV, g, T, KV_BLOCK)
     e = softmax_numerator(scores, nb, pos, qpos.reshape(1, B, 1, 1, T, 1), scale)
     # probabilities written in key order, float16, then products with V over the keys (PV_PARTS of them, each over its
     # runs of keys): the buffer's block count and keys of a run seen as one axis (a view, no copy), since the

@@ -75,7 +75,7 @@ def _opts_env() -> dict:
   (settings.BEAM_STEPS): steps compiled under other values
   are other programs."""
   from orin_llm.settings import SEARCH_DEFAULTS
-  env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("MV_", "TC_")) or k in ("RED_KEYS", "ORIN_LLM_DECODE_SEGMENTS", "ORIN_LLM_ATTN_MATRIX_ROWS", "ORIN_LLM_CHUNK_SPLIT", "ORIN_LLM_CHUNK_PV_PARTS", "ORIN_LLM_GROUP_ROWS")}
+  env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("MV_", "TC_")) or k in ("RED_KEYS", "ORIN_LLM_DECODE_SEGMENTS", "ORIN_LLM_ATTN_MATRIX_ROWS", "ORIN_LLM_MERGED_SCORES_ROWS", "ORIN_LLM_CHUNK_SPLIT", "ORIN_LLM_CHUNK_PV_PARTS", "ORIN_LLM_GROUP_ROWS")}
   from orin_llm import quant
   # as in effect: unset and 1 are the same programs, so are "Q4_K,Q6_K" and "Q6_K,Q4_K", and any rows with no type
   env["ORIN_LLM_AFFINE"] = ",".join(sorted(t.name for t in quant.AFFINE))

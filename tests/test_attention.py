@@ -275,9 +275,19 @@ def test_verify_rows_in_the_matrix_form(rng, monkeypatch):
   start = int(rng.integers(KV_BLOCK - 8, KV_BLOCK)) + KV_BLOCK * int(rng.integers(0, 3))
   run(rng, (start + np.arange(8)).reshape(1, 8), rows=False)
 
-def test_attn_matrix_rows_refuses_what_is_not_a_count(monkeypatch):
-  """ORIN_LLM_ATTN_MATRIX_ROWS: its default, a bound and a one-line error; part of the steps file's key (steps compiled
-  under another value are other programs)."""
+@pytest.mark.parametrize("B", [1, 3])
+def test_few_rows_with_merged_scores(rng, monkeypatch, B):
+  """ORIN_LLM_MERGED_SCORES_ROWS (an experiment's knob): 4 rows a sequence (a verify step's, or several sequences'
+  prompt rows) take the matrix form with the heads and rows one axis of the scores and the mask applied after them;
+  against float64 numpy from random starts over a block boundary, short sequences' masked keys included."""
+  from orin_llm import model
+  monkeypatch.setattr(model, "MERGED_SCORES_ROWS", 8)
+  starts = rng.integers(KV_BLOCK - 4, KV_BLOCK + 8, B) + KV_BLOCK * rng.integers(0, 2, B)
+  run(rng, starts.reshape(B, 1) + np.arange(4).reshape(1, 4), rows=False, slots=B + 1)
+
+def test_attention_knobs_refuse_what_is_not_a_count(monkeypatch):
+  """ORIN_LLM_ATTN_MATRIX_ROWS and ORIN_LLM_MERGED_SCORES_ROWS: their defaults, bounds and one-line errors; each part of
+  the steps file's key (steps compiled under another value are other programs)."""
   from orin_llm import model, step_cache
   from orin_llm.errors import OrinError
   knob = "ORIN_LLM_ATTN_MATRIX_ROWS"
@@ -286,3 +296,8 @@ def test_attn_matrix_rows_refuses_what_is_not_a_count(monkeypatch):
   for raw in ["0", "1", "x", "", "4.0"]:
     with pytest.raises(OrinError, match=knob): model.attn_matrix_rows({knob: raw})
   assert model.attn_matrix_rows({}) == model.DEFAULT_ATTN_MATRIX_ROWS and model.attn_matrix_rows({knob: "16"}) == 16
+  monkeypatch.setenv("ORIN_LLM_MERGED_SCORES_ROWS", "8")
+  assert step_cache._opts_env()["ORIN_LLM_MERGED_SCORES_ROWS"] == "8"
+  for raw in ["x", "", "-1", "4.0"]:
+    with pytest.raises(OrinError, match="ORIN_LLM_MERGED_SCORES_ROWS"): model.merged_scores_rows({"ORIN_LLM_MERGED_SCORES_ROWS": raw})
+  assert model.merged_scores_rows({}) == 0 and model.merged_scores_rows({"ORIN_LLM_MERGED_SCORES_ROWS": "8"}) == 8

@@ -87,15 +87,17 @@ def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch):
   same_but_for_ties(eng, prompt, got, want)
   assert calls and sp.accepted > 0, (calls, sp.stats())
 
-@pytest.mark.parametrize("matrix_rows", [None, 32])
-def test_greedy_output_with_each_verify_attention(tmp_path, rng, monkeypatch, matrix_rows):
+@pytest.mark.parametrize("matrix_rows,merged", [(None, 0), (32, 0), (None, 8)])
+def test_greedy_output_with_each_verify_attention(tmp_path, rng, monkeypatch, matrix_rows, merged):
   """The verify steps' rows attend in the prefill chunk's matrix form (model.ATTN_MATRIX_ROWS, default: float16
   products over blocks of KV_BLOCK keys, their count bound from the step's symbolic position), or with
   ORIN_LLM_ATTN_MATRIX_ROWS=32 in the rows' split (the rule before): greedy output with n-gram proposals is the plain
   path's up to near ties either way, and the form expected did run inside verify steps. The prompt's chunks of 8 rows
-  take the matrix form by default, on both paths."""
+  take the matrix form by default, on both paths. With ORIN_LLM_MERGED_SCORES_ROWS=8 (an experiment's knob) the
+  4-row verify steps' scores are one axis of heads and rows."""
   from orin_llm import model
   if matrix_rows: monkeypatch.setattr(model, "ATTN_MATRIX_ROWS", matrix_rows)
+  monkeypatch.setattr(model, "MERGED_SCORES_ROWS", merged)
   path = write_model(tmp_path / "m.gguf", preset("tiny-llama"), QT.Q6_K, LLAMA_VOCAB, seed=seed_for("spec-matrix"), vocab_size=VOCAB)
   eng = Engine(path, max_context=600, chunk=8)
   forms, verifying = [], []
