@@ -355,7 +355,7 @@ class Block:
     # at another context (the scores and the product with V were the prewarm's longest searches, 60 s each: issue 25)
     # Several sequences (their prompts prefilled together, Steps.group): B an outer axis of every buffer, each
     # sequence's queries against its own slot's keys; for one, that axis is 1 and the kernels are a lone chunk's
-    if T < MERGED_SCORES_ROWS:  # one axis of g*T rows, the scores written before the mask (MERGED_SCORES_ROWS)
+    if isinstance(T, int) and T < MERGED_SCORES_ROWS:  # one axis of g*T rows, the scores written before the mask (MERGED_SCORES_ROWS)
       q16 = q.reshape(1, B, KV, g * T, 1, D).cast(dtypes.float16).contiguous()
       keys = kv[:, :, :, 0].permute(0, 2, 3, 1, 4).reshape(nb, B, KV, 1, KV_BLOCK, D)
       scores = (q16 * keys).sum(-1, dtype=dtypes.float32).contiguous().reshape(nb, B, KV, g, T, KV_BLOCK)
