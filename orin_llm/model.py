@@ -355,14 +355,12 @@ class Block:
     # at another context (the scores and the product with V were the prewarm's longest searches, 60 s each: issue 25)
     # Several sequences (their prompts prefilled together, Steps.group): B an outer axis of every buffer, each
     # sequence's queries against its own slot's keys; for one, that axis is 1 and the kernels are a lone chunk's
-    if isinstance(T, int) and T < MERGED_SCORES_ROWS:  # one axis of g*T rows, the scores written before the mask (MERGED_SCORES_ROWS)
-      q16 = q.reshape(1, B, KV, g * T, 1, D).cast(dtypes.float16).contiguous()
-      keys = kv[:, :, :, 0].permute(0, 2, 3, 1, 4).reshape(nb, B, KV, 1, KV_BLOCK, D)
-      scores = (q16 * keys).sum(-1, dtype=dtypes.float32).contiguous().reshape(nb, B, KV, g, T, KV_BLOCK)
-    else:
-      q16 = q.reshape(1, B, KV, g, T, 1, D).cast(dtypes.float16).contiguous()
-      keys = kv[:, :, :, 0].permute(0, 2, 3, 1, 4).reshape(nb, B, KV, 1, 1, KV_BLOCK, D)
-      scores = (q16 * keys).sum(-1, dtype=dtypes.float32)  # (nb, B, KV, g, T, KV_BLOCK)
+    merged = isinstance(T, int) and T < MERGED_SCORES_ROWS  # one axis of g*T rows, the scores written before the mask
+    rows = (g * T,) if merged else (g, T)
+    q16 = q.reshape(1, B, KV, *rows, 1, D).cast(dtypes.float16).contiguous()
+    keys = kv[:, :, :, 0].permute(0, 2, 3, 1, 4).reshape(nb, B, KV, *[1] * len(rows), KV_BLOCK, D)
+    scores = (q16 * keys).sum(-1, dtype=dtypes.float32)  # (nb, B, KV, *rows, KV_BLOCK)
+    if merged: scores = scores.contiguous().reshape(nb, B, KV, g, T, KV_BLOCK)
     e = softmax_numerator(scores, nb, pos, qpos.reshape(1, B, 1, 1, T, 1), scale)
     # probabilities written in key order, float16, then products with V over the keys (PV_PARTS of them, each over its
     # runs of keys): the buffer's block count and keys of a run seen as one axis (a view, no copy), since the
