@@ -17,7 +17,7 @@ from orin_llm import hostmem, log
 from orin_llm.fileutil import AtomicFile, atomic_write
 
 UPLOAD_BATCH = 256 << 20
-FORMAT = 2  # bump when repack's output changes (2: fused weights stored stacked)
+FORMAT = 3  # bump when repack's output changes (2: fused weights stored stacked; 3: Q6_K's qh2 in 16-bit units)
 ALIGN = 4096
 
 class PlanesCache:

@@ -8,7 +8,8 @@ hand-written kernels. We split them into planes, each a row-major array the kern
 wide aligned loads (tinygrad never vectorizes uint8 loads, so bytes travel as uint32 words):
     q4   (O, I/8)  uint32: low 4 bits of u, element i in bits 4*(i%8) of word i//8
     qh1  (O, I/32) uint32: bit 4 of u (5-bit types), element i in bit i%32 of word i//32
-    qh2  (O, I/16) uint32: bits 4-5 of u (Q6_K), element i in bits 2*(i%16) of word i//16
+    qh2  (O, I/8) uint16: bits 4-5 of u (Q6_K), element i in bits 2*(i%8) of unit i//8: one unit for each q4 word
+         (little-endian, two units are the word of 16 codes that the kernels other than the tensor-core form read)
     q8   (O, I/4)  uint32: u = q + 128 (Q8_0), element i in byte i%4 of word i//4
     d, m, dmin     float16, one per block or super-block, exactly as stored in the file
     sc, mn         uint32: 8-bit sub-block scales and mins of the K-quants, four to a word
@@ -55,13 +56,31 @@ def _nib_pairs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   return (a & 0xF) | (b << 4), (a >> 4) | (b & 0xF0)
 
 # per block: (plane, words or halves, dtype), in the order the planes were first allocated (cache files keep it)
-_U32, _F16 = np.uint32, np.float16
+_U32, _U16, _F16 = np.uint32, np.uint16, np.float16
+# Q6_K's 2-bit plane in 16-bit units, one a q4 word, rather than in 32-bit words, one for two q4 words. Read as words,
+# its index is the q4 word's halved and its shift depends on the q4 word's parity; tinygrad's range simplifier merges
+# no range whose merge adds a division or modulo, so a product's reduction stays split into (K/64 scale words, 4
+# scales, 2 words, 8 nibbles) and a tensor core's 16-wide k axis can take only the scale words, 64 elements apart:
+# each lane's code words loaded one by one, 128 bytes from its neighbour's, and each weight's scale computed again.
+# The few-row tensor-core form of Q6_K then lost to one sum (docs/PERF.md, thirty-fifth to thirty-seventh sessions).
+# Read as units, the reduction is (K/8 words, 8 nibbles), as Q4_K's, and the k axis takes 16 consecutive words
+# (uint4 and ushort4 loads: tinygrad patch 0045). The other products read two units as the word they make
+# (_high_bits): their kernels keep the layouts the patch series measured for them. Against the 32-bit plane (H200,
+# BEAM=0, the 1B Q6_K file, docs/PERF.md, thirty-ninth session): its batch steps of 8 rows 3.45 -> 2.80 ms, of 2 rows
+# 1.68 -> 1.62, of 4 rows 2.05 -> 2.08, decode 1.071 -> 1.072; its verify steps of 8 rows 3.44 -> 2.87 ms at depth 64.
 _FAST_PLANES = {
   QT.Q8_0: (("d", 1, _F16), ("q8", 8, _U32)),
-  QT.Q6_K: (("sc", 4, _U32), ("d", 1, _F16), ("q4", 32, _U32), ("qh2", 16, _U32)),
+  QT.Q6_K: (("sc", 4, _U32), ("d", 1, _F16), ("q4", 32, _U32), ("qh2", 32, _U16)),
   QT.Q4_K: (("d", 1, _F16), ("dmin", 1, _F16), ("sc", 2, _U32), ("mn", 2, _U32), ("q4", 32, _U32)),
   QT.Q5_K: (("d", 1, _F16), ("dmin", 1, _F16), ("sc", 2, _U32), ("mn", 2, _U32), ("q4", 32, _U32), ("qh1", 8, _U32)),
 }
+
+def empty_planes(qtype: QT, rows: int, cols: int, device: str | None = None) -> dict[str, Tensor]:
+  """Unfilled device planes of a (rows, cols) matrix of a fast-path type, as repack lays them out: for building a product's
+  kernels without a model (scripts/mv_opts_bench.py, the patch series' tests)."""
+  from tinygrad.dtype import _from_np_dtype
+  block = GGML_QUANT_SIZES[qtype][0]
+  return {n: Tensor.empty(rows, cols // block * w, dtype=_from_np_dtype(np.dtype(dt)), device=device) for n, w, dt in _FAST_PLANES[qtype]}
 
 def _staging(n: int, spec) -> dict[str, np.ndarray]:
   """The planes of n blocks as views of one host buffer from hostmem (huge pages where there are some)."""
@@ -88,7 +107,8 @@ def _repack_fast(b: np.ndarray, qtype: QT, planes: dict):
       q4[i:i + m] = np.concatenate([lo0, lo1, hi0, hi1], axis=1).reshape(m, 128).view(np.uint32)
       qh = c[:, 128:192].reshape(m * 2, 8, 4)  # element 32*s + l of a half takes bits 2s..2s+1 of qh[l]
       v = np.stack([(qh >> (2 * s)) & 3 for s in range(4)], axis=1)  # (2m, 4, 8, 4)
-      qh2[i:i + m] = (v[..., 0] | (v[..., 1] << 2) | (v[..., 2] << 4) | (v[..., 3] << 6)).reshape(m, 64).view(np.uint32)
+      # little-endian: the low 16 bits of a word of 16 codes are the unit of its first 8 (one q4 word's)
+      qh2[i:i + m] = (v[..., 0] | (v[..., 1] << 2) | (v[..., 2] << 4) | (v[..., 3] << 6)).reshape(m, 64).view(qh2.dtype)
       sc[i:i + m] = (c[:, 192:208] ^ np.uint8(0x80)).view(np.uint32)
       d[i:i + m] = c[:, 208:210].view(np.float16)
   else:  # Q4_K, Q5_K
@@ -135,9 +155,9 @@ def repack(raw: np.ndarray, qtype: QT, rows: int, cols: int) -> dict[str, np.nda
 
 # ---------------------------------------------------------------- device side: planes -> weights
 
-def _unpack(words: Tensor, bits: int) -> Tensor:
-  """(..., W) uint32 -> (..., W*32/bits) values of `bits` bits, in element order."""
-  per = 32 // bits
+def _unpack(words: Tensor, bits: int, width: int = 32) -> Tensor:
+  """(..., W) unsigned words of `width` bits -> (..., W*width/bits) values of `bits` bits, in element order."""
+  per = width // bits
   shifts = Tensor.arange(per, dtype=dtypes.uint32) * bits
   return ((words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).reshape(*words.shape[:-1], words.shape[-1] * per)
 
@@ -156,11 +176,17 @@ def _per_group(p: Tensor, group: int) -> Tensor:
 # (None: Q4_1 and Q5_1 add a float16 min per block instead)
 _BLOCK32 = {QT.Q4_0: 8, QT.Q5_0: 16, QT.Q8_0: 128, QT.Q4_1: None, QT.Q5_1: None}
 
-def _codes(planes: dict[str, Tensor], qtype: QT) -> Tensor:
-  """The unsigned integer code u of every element (..., I) of a quantized type's planes."""
+def _high_bits(qh2: Tensor, units: bool = False) -> Tensor:
+  """Q6_K's bits 4-5 of every element from its qh2 plane of 16-bit units: read as units (the affine and tensor-core
+  forms) or as the 32-bit words two units make (one sum: its kernels' index structure, and so their layouts, are those
+  of the 32-bit plane the patch series measured; read as units, a few rows' one sum ran up to 1.5x slower)."""
+  return _unpack(qh2.cast(dtypes.uint32), 2, 16) if units else _unpack(qh2.bitcast(dtypes.uint32), 2)
+
+def _codes(planes: dict[str, Tensor], qtype: QT, units: bool = False) -> Tensor:
+  """The unsigned integer code u of every element (..., I) of a quantized type's planes (units: _high_bits')."""
   u = _unpack(planes["q8"], 8) if qtype == QT.Q8_0 else _unpack(planes["q4"], 4)
   if "qh1" in planes: u = u | (_unpack(planes["qh1"], 1) << 4)
-  if "qh2" in planes: u = u | (_unpack(planes["qh2"], 2) << 4)
+  if "qh2" in planes: u = u | (_high_bits(planes["qh2"], units) << 4)
   return u
 
 def dequantize(planes: dict[str, Tensor], qtype: QT) -> Tensor:
@@ -191,14 +217,16 @@ def half_codes(planes: dict[str, Tensor], qtype: QT) -> Tensor:
   """affine()'s u (the codes less their zero point) as float16, exactly: the bits of 1024 + u are 0x6400 | u for codes
   under 1024, so the conversion is an OR and a subtraction in float16, where affine()'s float32 u cast to float16
   costs a conversion instruction a weight (run at a fraction of the FMA rate, as int_to_float's note says of I2F)."""
-  return (_codes(planes, qtype) | 0x6400).cast(dtypes.uint16).bitcast(dtypes.float16) - (1024.0 + _AFFINE_ZERO.get(qtype, 0))
+  return (_codes(planes, qtype, units=True) | 0x6400).cast(dtypes.uint16).bitcast(dtypes.float16) - (1024.0 + _AFFINE_ZERO.get(qtype, 0))
 
 def affine(planes: dict[str, Tensor], qtype: QT) -> tuple[Tensor, Tensor, Tensor | None, int]:
   """The weights as w[o, g*G + j] = a[o, g] * u[o, g*G + j] + b[o, g]: (u as exact floats (O, I), a (O, I/G), b (O, I/G)
   or None, G). A zero point that is a multiple of the scale (Q6_K's 32, Q8_0's 128, Q4_0's 8, Q5_0's 16) is subtracted from
   u (exactly: int_to_float's subtraction takes it) and b is None; the K-quants' and Q4_1/Q5_1's own minimum stays in b."""
   zero = _AFFINE_ZERO.get(qtype, 0)
-  u = (_codes(planes, qtype) | 0x4B000000).bitcast(dtypes.float32) - (8388608.0 + zero)  # int_to_float, the zero point in its subtraction
+  # (Q6_K's 2-bit plane read as units: the groups are axes of their own here, so the units change no range; read as words,
+  # each word was put together from its two units, ~2% of the 1B's decode step: docs/PERF.md, thirty-ninth session)
+  u = (_codes(planes, qtype, units=True) | 0x4B000000).bitcast(dtypes.float32) - (8388608.0 + zero)  # int_to_float, the zero point in its subtraction
   d = planes["d"].cast(dtypes.float32)
   if qtype in _BLOCK32: return u, d, (planes["m"].cast(dtypes.float32) if "m" in planes else None), 32
   if qtype in (QT.Q4_K, QT.Q5_K):
@@ -312,11 +340,20 @@ def has_tensor_cores(device) -> bool:
 @functools.cache
 def _renderer_has_tensor_cores(device: str) -> bool:
   return bool(Device[device].renderer.tensor_cores)
-# the types whose products take that form: Q4_K's beat one sum alone (8B shapes, 4 and 8 rows: 0.60-0.88x its time),
-# Q6_K's lost (1.18-2.25x: 8B and 1B shapes, 4 and 8 rows), both with the hand-coded opts (H200, thirty-fifth session,
-# docs/PERF.md); still after half_codes, and with the tensor core's k on the nibbles (thirty-sixth). The others are
-# unmeasured.
-TC_TYPES = (QT.Q4_K,)
+# the types whose products take that form, each from how many rows (at least TC_ROWS). Q4_K's beat one sum alone (8B
+# shapes, 4 and 8 rows: 0.60-0.88x its time; H200, thirty-fifth session, docs/PERF.md). Q6_K's lost (1.18-2.25x: 8B and
+# 1B shapes, 4 and 8 rows; still after half_codes, and with the tensor core's k on the nibbles: thirty-fifth to
+# thirty-seventh sessions) until its 2-bit plane came in 16-bit units (above), alone on an H200 (thirty-ninth
+# session): 8 rows, the 1B's gate+up 60.4 -> 46.5 us, its output head 286 -> 185, the 8B's ffn_down 91.6 -> 73.8, its
+# output head 715 -> 327; 4 rows it still lost (the 1B's gate+up 37.8 -> 51.3, ffn_down 34.5 -> 43.3), hence 8. The
+# other types are unmeasured.
+TC_TYPES = {QT.Q4_K: 0, QT.Q6_K: 8}
+
+def takes_tc(qtype: QT, rows, weights: int, device) -> bool:
+  """Whether a product of this many input rows (an int: a step's constant) over a matrix of this type and size takes
+  tc_product's form."""
+  return bool(TC_ROWS) and isinstance(rows, int) and qtype in TC_TYPES and rows >= max(TC_ROWS, TC_TYPES[qtype]) and \
+    weights >= TC_MIN_WEIGHTS and has_tensor_cores(device)
 
 def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
   """x (T, I) @ W.T in one kernel that tensor cores can take: W in float16, computed from its pieces cast to float16
@@ -439,8 +476,6 @@ class QuantWeight:
       L = self.cols // S
       xs, ws = x16.reshape(-1, S, L).permute(1, 0, 2), w.reshape(self.rows, S, L).permute(1, 2, 0)
       return xs.matmul(ws, dtype=dtypes.float32).contiguous().sum(0)
-    if (TC_ROWS and isinstance(x.shape[0], int) and x.shape[0] >= TC_ROWS and self.qtype in TC_TYPES
-        and self.rows * self.cols >= TC_MIN_WEIGHTS and has_tensor_cores(x.device)):
-      return tc_product(x, self.planes, self.qtype)
+    if takes_tc(self.qtype, x.shape[0], self.rows * self.cols, x.device): return tc_product(x, self.planes, self.qtype)
     if self.affine(x): return affine_product(x, self.planes, self.qtype)
     return (x.unsqueeze(-2) * self.weights()).sum(-1)

@@ -19,7 +19,7 @@ from tinygrad.engine.worker import imap_unordered_watched
 sys.path.insert(0, ".")
 from orin_llm import quant
 from step_opts import opt_text, parse_opts  # the opt lists' text, as step_opts.py reads and prints them
-from orin_llm.quant import QuantWeight, _FAST_PLANES, affine_product
+from orin_llm.quant import QuantWeight, affine_product
 
 def matvec_ast(O: int, K: int, R: int, qt: QT, ren, form: str = "plain", xin: str = "float"):
   """The product kernel's AST as the heuristic and BEAM see it: after full_rewrite_to_sink's passes before apply_opts
@@ -29,8 +29,7 @@ def matvec_ast(O: int, K: int, R: int, qt: QT, ren, form: str = "plain", xin: st
   has it (float: float32 loaded), in float16 (half), or a constant (const: no input loads at all, the weights' own
   cost: what the product would take if reading x were free)."""
   import tinygrad.codegen as cg
-  planes = {n: Tensor.empty(O, K // 256 * w, dtype=dtypes.uint32 if dt is np.uint32 else dtypes.float16)
-            for n, w, dt in _FAST_PLANES[qt]}
+  planes = quant.empty_planes(qt, O, K)
   x = {"float": lambda: Tensor.empty(R, K), "half": lambda: Tensor.empty(R, K, dtype=dtypes.float16).cast(dtypes.float32),
        # a constant broadcast, not Tensor.full: full's buffer is filled by a kernel of its own and loaded like x
        "const": lambda: Tensor(0.5).reshape(1, 1).expand(R, K)}[xin]()

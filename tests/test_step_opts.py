@@ -17,11 +17,10 @@ RUN = textwrap.dedent('''
   from tinygrad.helpers import Target
   from tinygrad.renderer.cstyle import CUDARenderer
   from tinygrad.uop.ops import Ops
-  from orin_llm.quant import QuantWeight, _FAST_PLANES
+  from orin_llm.quant import QuantWeight, empty_planes
   ren = CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)
   def opts(O, K, qt):
-    planes = {n: Tensor.empty(O, K // 256 * w, dtype=dtypes.uint32 if dt is np.uint32 else dtypes.float16, device="CPU")
-              for n, w, dt in _FAST_PLANES[qt]}
+    planes = empty_planes(qt, O, K, "CPU")
     y = QuantWeight(qt, O, K, planes)(Tensor.empty(1, K, device="CPU"))
     sinks = [full_rewrite_to_sink(c.src[0], ren) for c in y.linear_with_vars()[0].src if c.src[0].op is Ops.SINK]
     return [[f"{o.op.name}:{o.axis}:{o.arg}" for o in s.arg.applied_opts] for s in sinks]

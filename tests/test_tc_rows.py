@@ -46,8 +46,7 @@ def kernels(qtype, O, K, R, tc: bool, rows_first: bool = False):
   from tinygrad.renderer.cstyle import CUDARenderer
   from tinygrad.uop.ops import Ops
   ren = CUDARenderer(Target("CUDA", "", "sm_90"), use_nvcc=True)
-  planes = {n: Tensor.empty(O, K // 256 * w, dtype=dtypes.uint32 if dt is np.uint32 else dtypes.float16, device="CPU")
-            for n, w, dt in quant._FAST_PLANES[qtype]}
+  planes = quant.empty_planes(qtype, O, K, "CPU")
   if rows_first:  # tc_product's multiply with its operands swapped, the reduction whole
     u, a, b, G = quant.affine(planes, qtype)
     w = u.cast(dtypes.float16) * quant._per_group(a.cast(dtypes.float16), G)
@@ -84,6 +83,29 @@ def test_one_kernel_with_tensor_cores(qtype, O, K):
   # at this opt level)
   from tinygrad.codegen.opt import KernelOptError
   with pytest.raises(KernelOptError): kernels(qtype, O, K, 8, tc=True, rows_first=True)
+
+def test_q6_k_form_takes_consecutive_words(monkeypatch):
+  """Q6_K's 2-bit plane in 16-bit units (quant.py: qh2): the form's product reduces over (words, nibbles) as Q4_K's
+  does, so the tensor core's k axis takes 16 consecutive words, whose codes load as uint4 and ushort4 vectors. With the
+  plane in 32-bit words the reduction was split into (scale words, scales, 2 words, nibbles), the k axis took the scale
+  words, 64 elements apart, and the codes loaded one word at a time (docs/PERF.md, thirty-eighth session)."""
+  monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+  from mv_opts_bench import matvec_ast
+  from render_kernels import render
+  from tinygrad.codegen.opt.postrange import Scheduler
+  from tinygrad.helpers import Target, TC_OPT
+  from tinygrad.renderer.cstyle import CUDARenderer
+  from tinygrad.uop.ops import AxisType
+  monkeypatch.setattr(TC_OPT, "value", 2)
+  ren = CUDARenderer(Target("CUDA", "", "sm_90"), use_nvcc=True)
+  reduces = {}
+  for qt in (QT.Q4_K, QT.Q6_K):
+    ast = matvec_ast(256, 2048, 8, qt, ren, "tc")  # the product's kernel, its ranges as the opts see them
+    k = Scheduler(ast, ren)
+    reduces[qt] = [s for s, t in zip(k.full_shape, k.axis_types) if t is AxisType.REDUCE]
+  assert reduces[QT.Q6_K] == reduces[QT.Q4_K] == [1024 // 8, 8], reduces
+  name, opts, src = render(matvec_ast(256, 2048, 8, QT.Q6_K, ren, "tc"), ren)
+  assert opts[0].op.name == "TC" and re.search(r"ushort4 val\d+ = ", src) and re.search(r"uint4 val\d+ = ", src), src
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q5_K, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1], ids=lambda q: q.name)
 def test_half_codes(qtype, rng, monkeypatch):
@@ -124,7 +146,7 @@ def test_the_knob(monkeypatch, tmp_path):
   for bad in ("1", str(quant.MATMUL_ROWS), "eight", "-2"):
     with pytest.raises(OrinError, match="ORIN_LLM_TC_ROWS"): tc_rows({"ORIN_LLM_TC_ROWS": bad})
   # a Q4_K weight's product takes the form from TC_ROWS rows on, up to MATMUL_ROWS, if the matrix has TC_MIN_WEIGHTS
-  # weights or more; a Q6_K weight's never (its form measured slower than one sum: quant.TC_TYPES)
+  # weights or more; a Q6_K weight's from 8 rows (at 4 its form measured slower than one sum: quant.TC_TYPES)
   calls = []
   monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype: calls.append((qtype, x.shape[0])) or Tensor.zeros(x.shape[0], 16))
   rng = np.random.default_rng()
@@ -137,7 +159,7 @@ def test_the_knob(monkeypatch, tmp_path):
         monkeypatch.setattr(quant, "TC_ROWS", on)
         for R in (1, 3, 4, 8):
           qw(Tensor.empty(R, 256, device="CPU"))
-  assert calls == [(QT.Q4_K, 4), (QT.Q4_K, 8)]  # the 16x256 matrix at the floor, none under it
+  assert calls == [(QT.Q4_K, 4), (QT.Q4_K, 8), (QT.Q6_K, 8)]  # the 16x256 matrix at the floor, none under it
   # a device whose renderer has no tensor cores (tinygrad's CPU backend) keeps one sum
   monkeypatch.undo()
   monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype: calls.append((qtype, x.shape[0])) or Tensor.zeros(x.shape[0], 16))
@@ -145,7 +167,7 @@ def test_the_knob(monkeypatch, tmp_path):
   monkeypatch.setattr(quant, "TC_ROWS", 4)
   assert not quant.has_tensor_cores("CPU")
   QuantWeight.from_raw(random_raw(QT.Q4_K, 16, 256, rng).reshape(-1), QT.Q4_K, 16, 256, "CPU")(Tensor.empty(8, 256, device="CPU"))
-  assert len(calls) == 2
+  assert len(calls) == 3  # none more
   # part of the steps file's key, as in effect
   from orin_llm import step_cache
   keys = {}

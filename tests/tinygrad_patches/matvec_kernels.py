@@ -15,11 +15,9 @@ RENDER = textwrap.dedent('''
   from tinygrad.helpers import Target
   from tinygrad.renderer.cstyle import CUDARenderer
   from tinygrad.uop.ops import Ops, PatternMatcher, UPat, UOp, graph_rewrite
-  from orin_llm.quant import QuantWeight, _FAST_PLANES
+  from orin_llm.quant import QuantWeight, empty_planes
   O, K, R, qt = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), QT[sys.argv[4]]
-  blk = 32 if qt == QT.Q8_0 else 256  # the planes' words a block (Q8_0's blocks: 32 elements)
-  planes = {n: Tensor.empty(O, K // blk * w, dtype=dtypes.uint32 if dt is np.uint32 else dtypes.float16, device="CPU")
-            for n, w, dt in _FAST_PLANES[qt]}
+  planes = empty_planes(qt, O, K, "CPU")
   y = QuantWeight(qt, O, K, planes)(Tensor.empty(R, K, device="CPU"))
   ren = CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)
   pm = PatternMatcher([(UPat(Ops.PROGRAM, src=(UPat(Ops.SINK, name="sink"),), name="prg"), do_linearize),

@@ -19,10 +19,9 @@ OPTS = textwrap.dedent('''
   from tinygrad.helpers import Target, prod
   from tinygrad.renderer.cstyle import CUDARenderer
   from tinygrad.uop.ops import Ops
-  from orin_llm.quant import QuantWeight, _FAST_PLANES
+  from orin_llm.quant import QuantWeight, empty_planes
   O, K, R, qt = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), QT[sys.argv[4]]
-  planes = {n: Tensor.empty(O, K // 256 * w, dtype=dtypes.uint32 if dt is np.uint32 else dtypes.float16, device="CPU")
-            for n, w, dt in _FAST_PLANES[qt]}
+  planes = empty_planes(qt, O, K, "CPU")
   y = QuantWeight(qt, O, K, planes)(Tensor.empty(R, K, device="CPU", dtype=dtypes.float16))
   ren = CUDARenderer(Target("CUDA", "", "sm_87"), use_nvcc=True)
   for call in y.linear_with_vars()[0].src:
