@@ -12,7 +12,7 @@ Which ranges come first depends on how tinygrad splits the reduce to index the p
   attention output, whose input is indexed by (KV head, query head of the group, head_dim) (the softmax
   denominator is a column next to each head's values, so the heads are not contiguous): (2, 2, 8 words, 8).
 - Q6_K: the sub-block scales (plane `sc`, four 8-bit scales of 16 elements to a word) and the 2-bit plane
-  (`qh2`, 16 to a word) make tinygrad split the reduce into (K/64 sc words, 4 scale bytes, 2, 8 nibbles), and
+  (`qh2`, read by one sum as words of 16) make tinygrad split the reduce into (K/64 sc words, 4 scale bytes, 2, 8 nibbles), and
   the range simplifier cannot merge them back: (4, 4, 2, 8) for K=256 and (8, 4, 2, 8) for K=512 (down), so
   GROUP 4, 4, 2 and GROUP 8, 4. At real sizes K/64 is >= 32 for K a multiple of 2048 (Llama 3.2 1B): GROUP 32.
 Stock tinygrad gives none of them a GROUP (their reduce source is no MUL of two plain loads): the Q4_K ones get
