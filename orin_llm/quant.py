@@ -300,8 +300,9 @@ MATMUL_ROWS = 32
 
 # ORIN_LLM_TC_ROWS (default 4; 0 turns it off; part of the steps file's key): products of at least this many input rows
 # (and their type's own floor in TC_TYPES) and fewer than MATMUL_ROWS (batch and verify steps), of a matrix of at least
-# TC_MIN_WEIGHTS weights, take the fused tensor-core form (tc_product): each weight dequantized in float16 inside the product's kernel, multiplied
-# with the rows on tensor cores (mma.m16n8k16: 16 weight rows by 8 input rows), each weight word read once for all rows.
+# TC_MIN_WEIGHTS weights, take the fused tensor-core form (tc_product): each weight dequantized in float16 inside the
+# product's kernel, multiplied with the rows on tensor cores (mma.m16n8k16: 16 weight rows by 8 input rows), each weight
+# word read once for all rows.
 # One sum's kernel (patch 0038's layouts) for 8 rows takes 2.2x a single row's in the affine form (the 8B's gate+up: 115
 # against 51 us alone; docs/PERF.md, twenty-ninth session); issue 20's verify steps want at most 1.3x. Measured at
 # BEAM=0 on an H200 (docs/PERF.md, thirty-fifth and thirty-sixth sessions), off -> on: verify of 4 / 8 rows, the 8B
