@@ -59,16 +59,18 @@ def test_greedy_output_is_the_plain_paths(models, rng, source):
   assert sp.steps > 0, sp.stats()
   if source != "draft-other": assert sp.accepted > 0, sp.stats()  # verify steps accepted something
 
-def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch):
-  """ORIN_LLM_TC_ROWS=2 (quant.tc_product: a verify step's Q4_K products with float16 weights, decode's in float32):
-  greedy output with n-gram proposals is still the plain path's, up to near ties; the form did run inside verify
-  steps. Both paths prefill with the knob on (chunks of 8 rows take the form too): verify is checked against decode.
-  On the CPU, which has no tensor cores, the form's arithmetic is what runs, not its kernels' layout."""
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
+def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch, qtype):
+  """ORIN_LLM_TC_ROWS=2 (quant.tc_product: a verify step's Q4_K products, and Q6_K's from 8 rows, with float16 weights,
+  decode's in float32): greedy output with n-gram proposals is still the plain path's, up to near ties; the form did
+  run inside verify steps, Q6_K's only in those of 8 rows (quant.TC_TYPES). Both paths prefill with the knob on (chunks
+  of 8 rows take the form too): verify is checked against decode. On the CPU, which has no tensor cores, the form's
+  arithmetic is what runs, not its kernels' layout."""
   from orin_llm import quant
   monkeypatch.setattr(quant, "TC_ROWS", 2)
   monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)  # the tiny model's matrices are all under the floor
   monkeypatch.setattr(quant, "has_tensor_cores", lambda device: True)  # the CPU's renderer has none
-  path = write_model(tmp_path / "q4k.gguf", preset("tiny-llama"), QT.Q4_K, LLAMA_VOCAB, seed=seed_for("spec-tc"), vocab_size=VOCAB)
+  path = write_model(tmp_path / f"{qtype.name}.gguf", preset("tiny-llama"), qtype, LLAMA_VOCAB, seed=seed_for(f"spec-tc-{qtype.name}"), vocab_size=VOCAB)
   eng = Engine(path, max_context=160, chunk=8)
   # the form's products built inside verify steps (prompt chunks of 8 rows take it too)
   calls, real, verifying = [], quant.tc_product, []
@@ -86,6 +88,7 @@ def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch):
   got = list(eng.generate(prompt, 40, Sampling(), speculator=sp))
   same_but_for_ties(eng, prompt, got, want)
   assert calls and sp.accepted > 0, (calls, sp.stats())
+  if qtype == QT.Q6_K: assert set(calls) == {8}, calls  # under its floor of 8 rows, one sum
 
 @pytest.mark.parametrize("matrix_rows,merged", [(None, 0), (32, 0), (None, 8)])
 def test_greedy_output_with_each_verify_attention(tmp_path, rng, monkeypatch, matrix_rows, merged):
