@@ -327,13 +327,14 @@ def tc_opt_level(rows: int) -> None:
   if rows: TC_OPT.value = max(TC_OPT.value, 2)
 tc_opt_level(TC_ROWS)
 # the smallest matrix (weights) whose product takes the form. Its warps each take 64 weight rows of one part of the
-# reduction (tc_parts: parts of 1024), so a small matrix leaves most of the GPU idle. Q4_K shapes alone, 4 / 8 rows, the
-# form's time over one sum's (H200, docs/PERF.md, thirty-sixth session): lost at 2048x2048 (64 warps: 1.45x / 1.1x) and
-# 2560x2048 (80 warps: 1.1-1.4x / 1.2-1.3x), tied or won at 3072x3072 (144 warps: 1.0x / 0.93x), 4096x3072 (192:
-# 0.72x / 0.80x), 2048x8192 (256: 0.67x / 0.64x) and 16384x2048 (512: 0.8x / 0.55x). Measured on an H200's 132 SMs; the
-# Orin has 16, so its floor may lie lower (unmeasured). Qwen3-1.7B's Q+K+V (4096x2048, 128 warps) sits at the floor,
-# between the measured loss and tie: unmeasured.
-TC_MIN_WEIGHTS = 1 << 23
+# reduction (tc_parts), so a small matrix leaves most of the GPU idle. In parts of 1024 (before TC_WARPS), Q4_K shapes
+# alone, 4 / 8 rows, the form's time over one sum's (H200, docs/PERF.md, thirty-sixth session): lost at 2048x2048 (64
+# warps: 1.45x / 1.1x) and 2560x2048 (80 warps: 1.1-1.4x / 1.2-1.3x), tied or won at 3072x3072 (144 warps: 1.0x /
+# 0.93x), 4096x3072 (192: 0.72x / 0.80x), 2048x8192 (256: 0.67x / 0.64x) and 16384x2048 (512: 0.8x / 0.55x). With
+# TC_WARPS' parts the floor went from 1 << 23 to 1 << 22 (the 8B's attn_v, the 1B's attn_output and Q+K+V take the form;
+# measured in the steps only, with TC_WARPS). Measured on an H200's 132 SMs; the Orin has 16, so its floor may lie lower
+# (unmeasured). ORIN_LLM_TC_MIN_WEIGHTS: an experiment's knob (part of the steps file's key).
+TC_MIN_WEIGHTS = int(os.environ.get("ORIN_LLM_TC_MIN_WEIGHTS", 1 << 22))
 def has_tensor_cores(device) -> bool:
   """Whether tinygrad's renderer for the device has tensor cores: the form is for them. Elsewhere (tinygrad's CPU
   backend) a few rows keep one sum, as decode's."""
@@ -366,7 +367,7 @@ def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
   float16 copies round W once); sums in float32. A group scale under float16's normal range (~6e-5: weights under
   ~1e-3) keeps fewer bits than W's own rounding would."""
   u, a, b, G = affine(planes, qtype)
-  (O, I), T, S = u.shape, x.shape[0], tc_parts(u.shape[1])
+  (O, I), T, S = u.shape, x.shape[0], tc_parts(u.shape[1], u.shape[0])
   # the reduction in S parts side by side (S times the warps: a warp takes 16 weight rows, and the 1B's Q/K/V has 192
   # such tiles), their float32 sums added by a small kernel. Each piece is reshaped into the parts before they are
   # combined: a reshape of the combined W (four buffers) between it and the rows' broadcast is realized as W was
@@ -382,11 +383,22 @@ def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
 # tc_product's parts: each at least TC_PART_LEN long, so that the parts' float32 sums (4 bytes a row and weight row a
 # part) stay a few percent of the weights' bytes (~0.56 a weight for Q4_K): 8 rows, Q4_K, parts of 1024: 5.6%
 TC_PART_LEN = 1024
-def tc_parts(cols: int) -> int:
+# ... unless the matrix has too few weight rows to give the GPU TC_WARPS warps that way (a warp takes 64 weight rows of
+# one part: tinygrad's hand-coded UPCAST 0 4): then more parts, down to 256 long (a K-quant block). In parts of 1024 the
+# 8B's attn_output (4096 x 4096) had 256 warps and its attn_v 64 (so it stayed under TC_MIN_WEIGHTS, in one sum: 31 us
+# a layer for 8 rows against decode's 5.6). Measured at BEAM=0 on an H200 (docs/PERF.md, fortieth session), with
+# TC_MIN_WEIGHTS lowered from 1 << 23 to 1 << 22 in the same change: the 8B Q4_K_M's verify steps of 4 / 8 rows 6.85 ->
+# 6.11 / 7.01 -> 6.50 ms; the 1B Q6_K's 8-row batch step 2.808 -> 2.498 ms (4 rows: Q6_K takes the form from 8).
+# ORIN_LLM_TC_WARPS (an experiment's knob; part of the steps file's key): 0 gives parts of TC_PART_LEN only
+TC_WARPS = int(os.environ.get("ORIN_LLM_TC_WARPS", "512"))
+TC_ROWS_A_WARP = 64
+def tc_parts(cols: int, rows: int) -> int:
   """The parts tc_product splits a reduction of cols into: the most that divide it into whole 256-blocks of at least
-  TC_PART_LEN."""
-  return max([s for s in range(1, cols // TC_PART_LEN + 1) if cols % s == 0 and (cols // s) % 256 == 0] or [1])
-
+  TC_PART_LEN, or more (parts of at least 256) until rows // TC_ROWS_A_WARP times the parts reaches TC_WARPS."""
+  ok = [s for s in range(1, cols // 256 + 1) if cols % s == 0 and (cols // s) % 256 == 0]
+  base = max([s for s in ok if cols // s >= TC_PART_LEN] or [1])
+  tiles = max(rows // TC_ROWS_A_WARP, 1)  # (a matrix under 64 rows: the CPU tests' small ones)
+  return next((s for s in ok if s >= base and tiles * s >= TC_WARPS), max(ok or [1])) if TC_WARPS else base
 # A matrix product's output tiles each walk the whole reduction in turn; with few rows there are few tiles: the 32-row
 # chunk's products ran at 125-820 GB/s of weights after a full search (ffn_down, 8192 long: 155 us a layer; H200, 1B
 # Q6_K, eighteenth session, docs/PERF.md). So the reduction is split into parts, multiplied side by side (one more

@@ -78,14 +78,15 @@ def main():
   ap.add_argument("--json")
   ap.add_argument("--form", choices=("plain", "affine", "tc"), default="plain", help="the product's expression (matvec_ast; "
                   "tc: quant.tc_product, whose tensor-core opt is TC:0:-1/2/1, with TC_OPT=2 for the hand-coded one)")
-  ap.add_argument("--tc-part", type=int, help="tc: the shortest part of the reduction (quant.TC_PART_LEN, default 1024)")
+  ap.add_argument("--tc-part", type=int, help="tc: the parts' length (quant.TC_PART_LEN, "
+                  "default 1024), the matrix's size aside (quant.TC_WARPS set to 0; without it, the default rule's parts)")
   ap.add_argument("--x", choices=("float", "half", "const"), default="float", help="the input: float32 as in the step, "
                   "float16, or a constant (no input loads: the weights' own cost)")
   ap.add_argument("--opts", action="append", default=[], help="an opt list to time beside the hand-coded opts, e.g. "
                   "LOCAL:0:4,GROUP:0:32,UNROLL:2:0 (Scheduler.apply_opt's axes); with --no-grid, instead of the grid")
   ap.add_argument("--no-grid", action="store_true")
   a = ap.parse_args()
-  if a.tc_part: quant.TC_PART_LEN = a.tc_part
+  if a.tc_part: quant.TC_PART_LEN, quant.TC_WARPS = a.tc_part, 0
   ren, rows_out = Device[Device.DEFAULT].renderer, []
   for spec in a.shape:
     dims, qt = spec.split(":")

@@ -21,13 +21,18 @@ def random_raw(qtype, O, K, rng):
   raw[:, halves[0]:halves[0] + 2 * halves[1]] = rng.uniform(1e-3, 1e-2, size=(raw.shape[0], halves[1])).astype(np.float16).view(np.uint8)
   return raw
 
-@pytest.mark.parametrize("K", [512, 2048])  # 2048: the reduction in two parts (quant.tc_parts)
+# the reduction's parts (quant.tc_parts): with TC_WARPS 0, K=512 whole and K=2048 in two; with the default, the 16-row
+# matrix (one warp's tile short) takes the most parts, 256 long: 2 and 8
+@pytest.mark.parametrize("warps", [0, 512])
+@pytest.mark.parametrize("K", [512, 2048])
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q5_K, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1], ids=lambda q: q.name)
-def test_tc_product_matches_gguf(qtype, K, rng):
+def test_tc_product_matches_gguf(qtype, K, warps, rng, monkeypatch):
   """Rounded to float16 in its pieces (a, b, then u*a + b) with float32 sums: within 3e-3 of the float64 product at the
   output's scale (a float16 matrix rounds each weight by up to 2^-11 relative; the error of a wrong scale or group
   is of the output's own size)."""
+  monkeypatch.setattr(quant, "TC_WARPS", warps)
   O, R = 16, int(rng.integers(2, 9))
+  assert quant.tc_parts(K, O) == {(0, 512): 1, (0, 2048): 2, (512, 512): 2, (512, 2048): 8}[warps, K]
   raw = random_raw(qtype, O, K, rng)
   x = rng.normal(size=(R, K)).astype(np.float32)
   qw = QuantWeight.from_raw(raw.reshape(-1), qtype, O, K, "CPU")
@@ -35,6 +40,18 @@ def test_tc_product_matches_gguf(qtype, K, rng):
   ref = x.astype(np.float64) @ gguf_dequantize(raw.reshape(O, -1), qtype).astype(np.float64).T
   assert y.dtype == np.float32 and y.shape == (R, O)
   assert np.abs(y - ref).max() / np.abs(ref).max() < 3e-3
+
+def test_tc_parts(monkeypatch):
+  """Parts of at least TC_PART_LEN (1024), or more, down to 256 long, until the matrix's 64-row warp tiles times the parts
+  reach TC_WARPS (512): the 8B's and 1B's shapes (weight rows, columns) -> parts."""
+  monkeypatch.setattr(quant, "TC_WARPS", 512)
+  shapes = {(28672, 4096): 4, (4096, 14336): 14, (4096, 4096): 8, (1024, 4096): 16, (6144, 4096): 8, (128256, 4096): 4,
+            (16384, 2048): 2, (2048, 8192): 16, (3072, 2048): 8, (2048, 2048): 8, (128256, 2048): 2}
+  assert {k: quant.tc_parts(k[1], k[0]) for k in shapes} == shapes
+  for (O, K), S in shapes.items():  # whole K-quant blocks a part, and no fewer parts than 1024 long would give
+    assert K % S == 0 and (K // S) % 256 == 0 and (K // S <= 1024 or K // S == K)
+  monkeypatch.setattr(quant, "TC_WARPS", 0)  # parts of 1024 only, as before the knob
+  assert [quant.tc_parts(K, O) for O, K in shapes] == [4, 14, 4, 4, 4, 4, 2, 8, 2, 2, 2]
 
 def kernels(qtype, O, K, R, tc: bool, rows_first: bool = False):
   """The kernels of an R-row product of a weight (O, K) in the fused form, each optimized for an sm_90 CUDA renderer on
@@ -72,7 +89,7 @@ def test_one_kernel_with_tensor_cores(qtype, O, K):
   of the whole matrix made tinygrad write it to memory first, an elementwise kernel of its own); x is written in
   float16 by a small kernel before it (x's size: 2 bytes a row and column). With the weights first in the multiply, the tensor-core opt
   takes the kernel (16 weight rows by 8 input rows); with the rows first it needs padding and is refused."""
-  parts = quant.tc_parts(K)
+  parts = quant.tc_parts(K, O)
   assert parts > 1
   for R in (4, 8, 16):
     ks = kernels(qtype, O, K, R, tc=False)
@@ -98,12 +115,14 @@ def test_q6_k_form_takes_consecutive_words(monkeypatch):
   from tinygrad.uop.ops import AxisType
   monkeypatch.setattr(TC_OPT, "value", 2)
   ren = CUDARenderer(Target("CUDA", "", "sm_90"), use_nvcc=True)
-  reduces = {}
-  for qt in (QT.Q4_K, QT.Q6_K):
-    ast = matvec_ast(256, 2048, 8, qt, ren, "tc")  # the product's kernel, its ranges as the opts see them
-    k = Scheduler(ast, ren)
-    reduces[qt] = [s for s, t in zip(k.full_shape, k.axis_types) if t is AxisType.REDUCE]
-  assert reduces[QT.Q6_K] == reduces[QT.Q4_K] == [1024 // 8, 8], reduces
+  for warps, part in ((0, 1024), (512, 256)):  # (parts of 1024; the default's for this 256-row matrix, 256 long)
+    monkeypatch.setattr(quant, "TC_WARPS", warps)
+    reduces = {}
+    for qt in (QT.Q4_K, QT.Q6_K):
+      ast = matvec_ast(256, 2048, 8, qt, ren, "tc")  # the product's kernel, its ranges as the opts see them
+      k = Scheduler(ast, ren)
+      reduces[qt] = [s for s, t in zip(k.full_shape, k.axis_types) if t is AxisType.REDUCE]
+    assert reduces[QT.Q6_K] == reduces[QT.Q4_K] == [part // 8, 8], reduces
   name, opts, src = render(matvec_ast(256, 2048, 8, QT.Q6_K, ren, "tc"), ren)
   assert opts[0].op.name == "TC" and re.search(r"ushort4 val\d+ = ", src) and re.search(r"uint4 val\d+ = ", src), src
 
