@@ -334,7 +334,13 @@ tc_opt_level(TC_ROWS)
 # TC_WARPS' parts the floor went from 1 << 23 to 1 << 22 (the 8B's attn_v, the 1B's attn_output and Q+K+V take the form;
 # measured in the steps only, with TC_WARPS). Measured on an H200's 132 SMs; the Orin has 16, so its floor may lie lower
 # (unmeasured). ORIN_LLM_TC_MIN_WEIGHTS: an experiment's knob (part of the steps file's key).
-TC_MIN_WEIGHTS = int(os.environ.get("ORIN_LLM_TC_MIN_WEIGHTS", 1 << 22))
+def count_knob(name: str, default: int, most: int, env=os.environ) -> int:
+  """An experiment's count knob from the environment: a whole number from 0 to most, else a one-line OrinError."""
+  raw = env.get(name, str(default)).strip()
+  if not raw.isdigit() or int(raw) > most:
+    raise OrinError(f"{name}={raw!r}: a whole number from 0 to {most} is needed (default {default})")
+  return int(raw)
+TC_MIN_WEIGHTS = count_knob("ORIN_LLM_TC_MIN_WEIGHTS", 1 << 22, 1 << 40)
 def has_tensor_cores(device) -> bool:
   """Whether tinygrad's renderer for the device has tensor cores: the form is for them. Elsewhere (tinygrad's CPU
   backend) a few rows keep one sum, as decode's."""
@@ -390,7 +396,7 @@ TC_PART_LEN = 1024
 # TC_MIN_WEIGHTS lowered from 1 << 23 to 1 << 22 in the same change: the 8B Q4_K_M's verify steps of 4 / 8 rows 6.85 ->
 # 6.11 / 7.01 -> 6.50 ms; the 1B Q6_K's 8-row batch step 2.808 -> 2.498 ms (4 rows: Q6_K takes the form from 8).
 # ORIN_LLM_TC_WARPS (an experiment's knob; part of the steps file's key): 0 gives parts of TC_PART_LEN only
-TC_WARPS = int(os.environ.get("ORIN_LLM_TC_WARPS", "512"))
+TC_WARPS = count_knob("ORIN_LLM_TC_WARPS", 512, 1 << 20)
 TC_ROWS_A_WARP = 64
 def tc_parts(cols: int, rows: int) -> int:
   """The parts tc_product splits a reduction of cols into: the most that divide it into whole 256-blocks of at least
@@ -398,7 +404,7 @@ def tc_parts(cols: int, rows: int) -> int:
   ok = [s for s in range(1, cols // 256 + 1) if cols % s == 0 and (cols // s) % 256 == 0]
   base = max([s for s in ok if cols // s >= TC_PART_LEN] or [1])
   tiles = max(rows // TC_ROWS_A_WARP, 1)  # (a matrix under 64 rows: the CPU tests' small ones)
-  return next((s for s in ok if s >= base and tiles * s >= TC_WARPS), max(ok or [1])) if TC_WARPS else base
+  return next((s for s in ok if s >= base and tiles * s >= TC_WARPS), max(ok or [1]))  # TC_WARPS 0: base
 # A matrix product's output tiles each walk the whole reduction in turn; with few rows there are few tiles: the 32-row
 # chunk's products ran at 125-820 GB/s of weights after a full search (ffn_down, 8192 long: 155 us a layer; H200, 1B
 # Q6_K, eighteenth session, docs/PERF.md). So the reduction is split into parts, multiplied side by side (one more

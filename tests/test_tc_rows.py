@@ -53,6 +53,13 @@ def test_tc_parts(monkeypatch):
   monkeypatch.setattr(quant, "TC_WARPS", 0)  # parts of 1024 only, as before the knob
   assert [quant.tc_parts(K, O) for O, K in shapes] == [4, 14, 4, 4, 4, 4, 2, 8, 2, 2, 2]
 
+def test_count_knobs():
+  """ORIN_LLM_TC_WARPS and ORIN_LLM_TC_MIN_WEIGHTS: their defaults, a value, and a one-line refusal of anything else."""
+  for name, default in (("ORIN_LLM_TC_WARPS", 512), ("ORIN_LLM_TC_MIN_WEIGHTS", 1 << 22)):
+    assert quant.count_knob(name, default, 1 << 30, {}) == default and quant.count_knob(name, default, 1 << 30, {name: " 0 "}) == 0
+    for bad in ("-1", "many", "1e6", str((1 << 30) + 1)):
+      with pytest.raises(OrinError, match=name): quant.count_knob(name, default, 1 << 30, {name: bad})
+
 def kernels(qtype, O, K, R, tc: bool, rows_first: bool = False):
   """The kernels of an R-row product of a weight (O, K) in the fused form, each optimized for an sm_90 CUDA renderer on
   the CPU: (name, opts) each; with tc, the opts are tinygrad's tensor-core opt alone (Opt(TC, 0, (-1, 0, 1)))."""
