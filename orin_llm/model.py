@@ -388,9 +388,11 @@ class Block:
     # SiLU(gate) * up computed once into a buffer: inside the down projection every thread's rows recomputed it
     # (an exp and a reciprocal per element and row group, which made that matvec compute-bound on the H200). A prefill
     # chunk's product makes its float16 input itself (quant: the matrix form), here computed in that same kernel: written
-    # out as float32 first, a second kernel cast it (37.6 us a layer in the 1B's chunk of 512, H200, docs/PERF.md)
+    # out as float32 first, a second kernel cast it (37.6 us a layer in the 1B's chunk of 512, H200, docs/PERF.md).
+    # The tensor-core form of a few rows (quant.tc_product) writes its float16 input in a kernel of its own too: there
+    # the buffer of act in float32 was a kernel more a layer (32 more in the 8B's verify step; CPU render, forty-first session)
     act = gate.silu() * up
-    return h + self.down(act if quant.as_matrix(act.shape[0]) else act.contiguous())
+    return h + self.down(act if quant.as_matrix(act.shape[0]) or self.down.tc(act) else act.contiguous())
 
 class Transformer:
   def __init__(self, cfg: ModelConfig, w: dict, max_context: int, device: str, pad: int = 0, slots: int = 1):

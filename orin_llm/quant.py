@@ -471,6 +471,9 @@ class QuantWeight:
   def affine(self, x: Tensor) -> bool:
     """Whether the product with x runs in the affine form (at most AFFINE_ROWS rows, of a type in AFFINE)."""
     return isinstance(x.shape[0], int) and x.shape[0] <= AFFINE_ROWS and self.qtype in AFFINE
+  def tc(self, x: Tensor) -> bool:
+    """Whether the product with x runs in tc_product's form (which writes x's float16 copy in a kernel of its own)."""
+    return takes_tc(self.qtype, x.shape[0], self.rows * self.cols, x.device)
   def rows_of(self, idx: Tensor) -> Tensor:
     """Dequantized rows idx (an int tensor of any shape) -> (*idx.shape, cols): the embedding lookup."""
     return dequantize({k: p[idx] for k, p in self.planes.items()}, self.qtype)
@@ -495,6 +498,6 @@ class QuantWeight:
       L = self.cols // S
       xs, ws = x16.reshape(-1, S, L).permute(1, 0, 2), w.reshape(self.rows, S, L).permute(1, 2, 0)
       return xs.matmul(ws, dtype=dtypes.float32).contiguous().sum(0)
-    if takes_tc(self.qtype, x.shape[0], self.rows * self.cols, x.device): return tc_product(x, self.planes, self.qtype)
+    if self.tc(x): return tc_product(x, self.planes, self.qtype)
     if self.affine(x): return affine_product(x, self.planes, self.qtype)
     return (x.unsqueeze(-2) * self.weights()).sum(-1)

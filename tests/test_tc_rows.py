@@ -225,3 +225,31 @@ def test_a_batch_step_in_the_form(tmp_path, rng, monkeypatch):
   assert calls and set(calls) <= {2, 3, 4, 8}  # the batch's products (and prefill chunks under MATMUL_ROWS)
   err = float(np.linalg.norm(logits[2] - logits[0]) / np.linalg.norm(logits[0]))
   assert 0 < err < 2e-3  # not the same program (0: the knob did nothing), and float16 weights rounded (~1e-4 seen)
+
+def test_the_ffn_activation_goes_to_the_form_in_float16_only(tmp_path, rng, monkeypatch):
+  """A verify step of 8 rows whose ffn_down takes the form: SiLU(gate) * up is computed from gate+up's float32 sums
+  straight into the form's float16 input, not written as float32 first (a kernel more a layer; model.Block). With the
+  form off (one sum) the float32 buffer stays: each of the product's threads computing it again was compute-bound on
+  the H200."""
+  from math import prod
+  from tinygrad.uop.ops import Ops
+  from conftest import LLAMA_VOCAB
+  from orin_llm.engine import Engine
+  from orin_llm.model import Rows
+  from orin_llm.synth import write_model, preset
+  shape = preset("tiny-llama")
+  path = write_model(tmp_path / "m.gguf", shape, QT.Q4_K, LLAMA_VOCAB, seed=int(rng.integers(1 << 31)), vocab_size=2048)
+  monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)  # the tiny model's matrices are all under the floor
+  monkeypatch.setattr(quant, "has_tensor_cores", lambda device: True)
+  R, F = 8, shape.ffn_dim
+  sums = (R * 2 * F, dtypes.float32)  # gate+up's output
+  def made_from_sums(on: int, act: tuple) -> int:
+    """How many kernels of the verify step write act (elements, dtype) reading gate+up's sums."""
+    monkeypatch.setattr(quant, "TC_ROWS", on)
+    eng = Engine(path, max_context=64, chunk=8)
+    out = eng.model(eng.state.prompt[4:4 + R], Rows((eng.v_pos.bind(4),), R, eng.v_slot.bind(0)), all_rows=True)
+    bufs = lambda c: [(prod(b.shape), b.dtype) for b in c.src[1:]]
+    calls = [bufs(c) for c in out.linear_with_vars()[0].src if c.op is Ops.CALL and c.src[0].op is Ops.SINK]
+    return sum(b[0] == act and sums in b[1:] for b in calls)
+  assert made_from_sums(4, (R * F, dtypes.float16)) == shape.n_layers  # the form: straight to float16
+  assert made_from_sums(0, (R * F, dtypes.float32)) == shape.n_layers  # one sum: the float32 buffer
