@@ -219,6 +219,25 @@ def half_codes(planes: dict[str, Tensor], qtype: QT) -> Tensor:
   costs a conversion instruction a weight (run at a fraction of the FMA rate, as int_to_float's note says of I2F)."""
   return (_codes(planes, qtype, units=True) | 0x6400).cast(dtypes.uint16).bitcast(dtypes.float16) - (1024.0 + _AFFINE_ZERO.get(qtype, 0))
 
+def pair_codes(planes: dict[str, Tensor], qtype: QT) -> Tensor:
+  """half_codes' values for the types of 4-bit words with at most Q6_K's 2-bit units (PAIR_TYPES), two to a 32-bit
+  word: element j of a q4 word in its low half, element j + 4 in its high one, each made by one shift and one mask of
+  the word (and of its unit) for both. So a q4 word gives (O, I) in the order [0, 4, 1, 5, 2, 6, 3, 7]; pair_order
+  puts the input in that order. One element at a time, the form's kernels ran 5.5 (Q4_K) and 9.6 (Q6_K) instructions a
+  weight in their inner loop, rendered for sm_90 and compiled by ptxas on the CPU (forty-first session, docs/PERF.md)."""
+  q = planes["q4"].unsqueeze(-1)  # (O, W, 1)
+  u = (q >> (Tensor.arange(4, dtype=dtypes.uint32) * 4)) & 0x000F000F
+  if "qh2" in planes:  # element j's 2 bits at 2j of its unit, element j + 4's at 2j + 8: moved to 2j + 4 and 2j + 20
+    h = planes["qh2"].cast(dtypes.uint32)
+    h = ((h << 4) | (h << 12)).unsqueeze(-1)
+    u = u | ((h >> (Tensor.arange(4, dtype=dtypes.uint32) * 2)) & 0x00300030)
+  halves = (u | 0x64006400).bitcast(dtypes.float16)  # (O, W, 8): 1024 + the code, exactly (half_codes)
+  return halves.reshape(*planes["q4"].shape[:-1], -1) - (1024.0 + _AFFINE_ZERO.get(qtype, 0))
+
+def pair_order(x: Tensor) -> Tensor:
+  """x (..., I) in pair_codes' order of the elements: [0, 4, 1, 5, 2, 6, 3, 7] in each 8."""
+  return x.reshape(*x.shape[:-1], x.shape[-1] // 8, 2, 4).transpose(-1, -2).reshape(x.shape)
+
 def affine(planes: dict[str, Tensor], qtype: QT) -> tuple[Tensor, Tensor, Tensor | None, int]:
   """The weights as w[o, g*G + j] = a[o, g] * u[o, g*G + j] + b[o, g]: (u as exact floats (O, I), a (O, I/G), b (O, I/G)
   or None, G). A zero point that is a multiple of the scale (Q6_K's 32, Q8_0's 128, Q4_0's 8, Q5_0's 16) is subtracted from
@@ -378,12 +397,14 @@ def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
   # such tiles), their float32 sums added by a small kernel. Each piece is reshaped into the parts before they are
   # combined: a reshape of the combined W (four buffers) between it and the rows' broadcast is realized as W was
   part = lambda t: t.reshape(O, S, I // S)
-  w = part(half_codes(planes, qtype)) * part(_per_group(a.cast(dtypes.float16), G))
+  pairs = TC_PAIRS and qtype in PAIR_TYPES
+  w = part(pair_codes(planes, qtype) if pairs else half_codes(planes, qtype)) * part(_per_group(a.cast(dtypes.float16), G))
   if b is not None: w = w + part(_per_group(b.cast(dtypes.float16), G))
   # x in float16 written once by a small kernel: each warp's tile reads all of it, and inlined its computation ran in
   # every tile (the 8B's attn_output, whose x is the attention's output in a padded view, got a reduction padded to
   # 16 from 8, half its lanes idle: 80 us in the step where one sum took 36; H200, thirty-fifth session)
-  y = (w * x.cast(dtypes.float16).contiguous().reshape(T, 1, S, I // S)).sum(-1, dtype=dtypes.float32)  # (T, O, S)
+  x16 = pair_order(x.cast(dtypes.float16)) if pairs else x.cast(dtypes.float16)  # (the groups' scales are in whole words)
+  y = (w * x16.contiguous().reshape(T, 1, S, I // S)).sum(-1, dtype=dtypes.float32)  # (T, O, S)
   return y.reshape(T, O) if S == 1 else y.contiguous().sum(-1)
 
 # tc_product's parts: each at least TC_PART_LEN long, so that the parts' float32 sums (4 bytes a row and weight row a
@@ -397,6 +418,14 @@ TC_PART_LEN = 1024
 # 6.11 / 7.01 -> 6.50 ms; the 1B Q6_K's 8-row batch step 2.808 -> 2.498 ms (4 rows: Q6_K takes the form from 8).
 # ORIN_LLM_TC_WARPS (an experiment's knob; part of the steps file's key): 0 gives parts of TC_PART_LEN only
 TC_WARPS = count_knob("ORIN_LLM_TC_WARPS", 512, 1 << 20)
+# ORIN_LLM_TC_PAIRS=1 (an experiment's knob, off by default; part of the steps file's key): the form's codes two to a
+# 32-bit word (pair_codes). Rendered for sm_90 and compiled by ptxas on the CPU, the 8B's ffn_down (4096 x 14336, 8
+# rows) runs 37% fewer instructions a thread in Q6_K (2644 -> 1667 an outer step of 32 mma) and 17% fewer in Q4_K
+# (1583 -> 1310), with 159 and 122 registers against 135 and 99; the 1B's Q6_K gate+up and the 8B's gate+up the same.
+# The products in the form are ~4.9 ms of the 8B's 6.0 ms verify8 (H200, BEAM=0, graph ablation), at about a third of
+# the GPU's issue rate. Not yet timed on a GPU (docs/PERF.md, forty-first session).
+TC_PAIRS = count_knob("ORIN_LLM_TC_PAIRS", 0, 1)
+PAIR_TYPES = (QT.Q4_K, QT.Q6_K, QT.Q4_0, QT.Q4_1)  # q4 words, and Q6_K's units: no qh1 (Q5_K, Q5_0, Q5_1), no q8
 TC_ROWS_A_WARP = 64
 def tc_parts(cols: int, rows: int) -> int:
   """The parts tc_product splits a reduction of cols into: the most that divide it into whole 256-blocks of at least

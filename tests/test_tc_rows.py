@@ -41,6 +41,36 @@ def test_tc_product_matches_gguf(qtype, K, warps, rng, monkeypatch):
   assert y.dtype == np.float32 and y.shape == (R, O)
   assert np.abs(y - ref).max() / np.abs(ref).max() < 3e-3
 
+@pytest.mark.parametrize("qtype", list(quant.PAIR_TYPES), ids=lambda q: q.name)
+def test_pair_codes(qtype, rng, monkeypatch):
+  """ORIN_LLM_TC_PAIRS=1: quant.pair_codes gives half_codes' float16 codes (themselves affine()'s u, test_half_codes)
+  to the bit in the order [0, 4, 1, 5, 2, 6, 3, 7] of each q4 word, and pair_order puts the input in the same order, so
+  the form's product is the same sum: within 3e-3 of gguf's float64 product as in test_tc_product_matches_gguf. In the
+  product's CUDA source the codes are made two at a time (the bit pattern of 1024 in both halves of a word)."""
+  assert quant.pair_order(Tensor(np.arange(16, dtype=np.float32))).tolist() == [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15]
+  O, K, R = 16, 2048, int(rng.integers(2, 9))
+  raw = random_raw(qtype, O, K, rng)
+  qw = QuantWeight.from_raw(raw.reshape(-1), qtype, O, K, "CPU")
+  got, want = quant.pair_codes(qw.planes, qtype).numpy(), quant.pair_order(quant.half_codes(qw.planes, qtype)).numpy()
+  assert got.dtype == np.float16 and np.array_equal(got, want) and len(np.unique(got)) > 8
+  x = rng.normal(size=(R, K)).astype(np.float32)
+  ref = x.astype(np.float64) @ gguf_dequantize(raw.reshape(O, -1), qtype).astype(np.float64).T
+  monkeypatch.setattr(quant, "TC_PAIRS", 1)
+  y = tc_product(Tensor(x, device="CPU"), qw.planes, qtype).numpy()
+  assert np.abs(y - ref).max() / np.abs(ref).max() < 3e-3
+  monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+  from render_kernels import render
+  from tinygrad.helpers import Target
+  from tinygrad.renderer.cstyle import CUDARenderer
+  from tinygrad.uop.ops import Ops
+  ren = CUDARenderer(Target("CUDA", "", "sm_90"), use_nvcc=True)
+  srcs, planes = {}, QuantWeight.from_raw(random_raw(qtype, 256, 2048, rng).reshape(-1), qtype, 256, 2048, "CPU").planes
+  for on in (0, 1):
+    monkeypatch.setattr(quant, "TC_PAIRS", on)
+    y = tc_product(Tensor.empty(8, 2048, device="CPU"), planes, qtype)
+    srcs[on] = "".join(render(c.src[0], ren)[2] for c in y.linear_with_vars()[0].src if c.op is Ops.CALL and c.src[0].op is Ops.SINK)
+  assert str(0x64006400) + "u" in srcs[1] and str(0x64006400) + "u" not in srcs[0] and "__WMMA" in srcs[1]
+
 def test_tc_parts(monkeypatch):
   """Parts of at least TC_PART_LEN (1024), or more, down to 256 long, until the matrix's 64-row warp tiles times the parts
   reach TC_WARPS (512): the 8B's and 1B's shapes (weight rows, columns) -> parts."""
@@ -54,8 +84,8 @@ def test_tc_parts(monkeypatch):
   assert [quant.tc_parts(K, O) for O, K in shapes] == [4, 14, 4, 4, 4, 4, 2, 8, 2, 2, 2]
 
 def test_count_knobs():
-  """ORIN_LLM_TC_WARPS and ORIN_LLM_TC_MIN_WEIGHTS: their defaults, a value, and a one-line refusal of anything else."""
-  for name, default in (("ORIN_LLM_TC_WARPS", 512), ("ORIN_LLM_TC_MIN_WEIGHTS", 1 << 22)):
+  """ORIN_LLM_TC_WARPS, ORIN_LLM_TC_MIN_WEIGHTS and ORIN_LLM_TC_PAIRS: their defaults, a value, and a one-line refusal of anything else."""
+  for name, default in (("ORIN_LLM_TC_WARPS", 512), ("ORIN_LLM_TC_MIN_WEIGHTS", 1 << 22), ("ORIN_LLM_TC_PAIRS", 0)):
     assert quant.count_knob(name, default, 1 << 30, {}) == default and quant.count_knob(name, default, 1 << 30, {name: " 0 "}) == 0
     for bad in ("-1", "many", "1e6", str((1 << 30) + 1)):
       with pytest.raises(OrinError, match=name): quant.count_knob(name, default, 1 << 30, {name: bad})
@@ -202,9 +232,12 @@ def test_the_knob(monkeypatch, tmp_path):
     keys[on] = step_cache._opts_env()
   assert keys[0]["ORIN_LLM_TC_ROWS"] == "0" and keys[4]["ORIN_LLM_TC_ROWS"] == "4"
 
-def test_a_batch_step_in_the_form(tmp_path, rng, monkeypatch):
+@pytest.mark.parametrize("pairs", [0, 1])
+def test_a_batch_step_in_the_form(tmp_path, rng, monkeypatch, pairs):
   """ORIN_LLM_TC_ROWS=2: a batch step of 3 sequences (a Q4_K model) runs its Q4_K products in the
-  fused tensor-core form; its logits are those of one sum within float16's rounding of the weights."""
+  fused tensor-core form (with ORIN_LLM_TC_PAIRS, its codes two to a word); its logits are those of one sum within
+  float16's rounding of the weights."""
+  monkeypatch.setattr(quant, "TC_PAIRS", pairs)
   from conftest import LLAMA_VOCAB
   from orin_llm.engine import Engine
   from orin_llm.synth import write_model, preset
