@@ -254,6 +254,13 @@ def affine(planes: dict[str, Tensor], qtype: QT) -> tuple[Tensor, Tensor, Tensor
   if qtype == QT.Q6_K: return u, _per_group(d, 16) * (int_to_float(_unpack(planes["sc"], 8)) - 128), None, 16
   raise ValueError(f"no affine form for {qtype.name}")
 
+def count_knob(name: str, default: int, most: int, env=os.environ) -> int:
+  """An experiment's count knob from the environment: a whole number from 0 to most, else a one-line OrinError."""
+  raw = env.get(name, str(default)).strip()
+  if not raw.isdigit() or int(raw) > most:
+    raise OrinError(f"{name}={raw!r}: a whole number from 0 to {most} is needed (default {default})")
+  return int(raw)
+
 # A single row's product (decode; a few rows with AFFINE_ROWS) in the affine form: each group's scale taken out of its
 # sum, so that an element costs an int-to-float and one multiply-add rather than two multiply-adds (tinygrad patches 0039
 # and 0040 lay the nested sums out). Measured on an H200 at BEAM=0 against one sum (docs/PERF.md, twenty-seventh and twenty-eighth sessions):
@@ -312,6 +319,46 @@ def affine_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
   if b is not None: out = out + xg.expand(x.shape[0], O, I // G, G).sum(-1) * b
   return out.sum(-1)
 
+# ORIN_LLM_AFFINE_MANTISSA=1 (an experiment's knob, off by default; part of the steps file's key): affine_product of the
+# 4-bit types with each code made the float 1 + code / 16 (mantissa_codes: its bits shifted once to the top of 1.0's
+# mantissa, one mask, one OR) rather than int_to_float's code (a shift, a mask, an OR, then a subtraction of 2^23 a
+# code); the sum then subtracts (16 + zero) times the group's sum of x once a group. Rendered for sm_90 and compiled by
+# ptxas on the CPU (the 8B's decode step, forty-first session, docs/PERF.md): the main loop of its Q4_K products 453 ->
+# 418 instructions (gate+up, Q+K+V), 406 -> 364 (ffn_down). Q6_K (6 bits at 17..22: 331 -> 340 in attn_v) and Q8_0
+# (416 -> 440) did not gain and keep int_to_float. Exact codes; the sums' rounding ~1e-6 of the output's scale against
+# ~1e-7. Not yet timed on a GPU.
+AFFINE_MANTISSA = count_knob("ORIN_LLM_AFFINE_MANTISSA", 0, 1)
+# type -> (plane, bits a code there, where its lowest bit goes in the float) for each plane of its code, and the code's
+# bits. Any type of codes in planes of 16- or 32-bit units fits (Q6_K: (("q4", 4, 17), ("qh2", 2, 21)), 6; Q8_0:
+# (("q8", 8, 15),), 8); these are the types it took instructions out of.
+MANTISSA_TYPES = {QT.Q4_K: ((("q4", 4, 19),), 4), QT.Q4_0: ((("q4", 4, 19),), 4), QT.Q4_1: ((("q4", 4, 19),), 4)}
+
+def _to_mantissa(words: Tensor, bits: int, at: int) -> Tensor:
+  """(..., W) unsigned words of codes of `bits` bits (code j at bit bits*j) -> (..., W * per) uint32, each code at bits
+  at .. at + bits - 1 and nothing else: one shift (left or right, by a constant) and one mask a code."""
+  per = (32 if words.dtype == dtypes.uint32 else 16) // bits
+  w = words.cast(dtypes.uint32) if words.dtype != dtypes.uint32 else words
+  moved = [(w << (at - bits * j)) if at >= bits * j else (w >> (bits * j - at)) for j in range(per)]
+  return (Tensor.stack(*moved, dim=-1) & (((1 << bits) - 1) << at)).reshape(*words.shape[:-1], words.shape[-1] * per)
+
+def mantissa_codes(planes: dict[str, Tensor], qtype: QT) -> tuple[Tensor, int]:
+  """(1 + code / 2^bits as float32 (..., I), exactly, bits): the code's bits at the top of the mantissa of 1.0."""
+  spec, bits = MANTISSA_TYPES[qtype]
+  c = functools.reduce(lambda a, b: a | b, [_to_mantissa(planes[name], b, at) for name, b, at in spec])
+  return (c | 0x3F800000).bitcast(dtypes.float32), bits
+
+def mantissa_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
+  """affine_product's x (T, I) @ W.T from mantissa_codes' f = 1 + code / 2^bits: with u = code - zero = 2^bits (f - 1) - zero,
+  each group's sum of x * u is 2^bits * sum(x * f) - (2^bits + zero) * sum(x)."""
+  _, a, b, G = affine(planes, qtype)
+  f, bits = mantissa_codes(planes, qtype)
+  O, I = f.shape
+  xg = x.reshape(x.shape[0], 1, I // G, G)
+  sf = (xg * f.reshape(1, O, I // G, G)).sum(-1)
+  sx = xg.expand(x.shape[0], O, I // G, G).sum(-1)  # (inside the product's kernel, as affine_product's: patch 0040)
+  off = -a * float((1 << bits) + _AFFINE_ZERO.get(qtype, 0))
+  return (sf * (a * float(1 << bits)) + sx * (off if b is None else off + b)).sum(-1)
+
 # rows of input from which a weight is applied as a float16 matrix product on tensor cores rather than dequantized
 # inside the reduction (QuantWeight.__call__). A chunk of 32 rows took 12.8 ms dequantizing inside, 6.2 ms as
 # matrices (H100, 1B Q6_K, docs/PERF.md, sixth session); decode and verify rows (at most 16) stay below it
@@ -353,12 +400,6 @@ tc_opt_level(TC_ROWS)
 # TC_WARPS' parts the floor went from 1 << 23 to 1 << 22 (the 8B's attn_v, the 1B's attn_output and Q+K+V take the form;
 # measured in the steps only, with TC_WARPS). Measured on an H200's 132 SMs; the Orin has 16, so its floor may lie lower
 # (unmeasured). ORIN_LLM_TC_MIN_WEIGHTS: an experiment's knob (part of the steps file's key).
-def count_knob(name: str, default: int, most: int, env=os.environ) -> int:
-  """An experiment's count knob from the environment: a whole number from 0 to most, else a one-line OrinError."""
-  raw = env.get(name, str(default)).strip()
-  if not raw.isdigit() or int(raw) > most:
-    raise OrinError(f"{name}={raw!r}: a whole number from 0 to {most} is needed (default {default})")
-  return int(raw)
 TC_MIN_WEIGHTS = count_knob("ORIN_LLM_TC_MIN_WEIGHTS", 1 << 22, 1 << 40)
 def has_tensor_cores(device) -> bool:
   """Whether tinygrad's renderer for the device has tensor cores: the form is for them. Elsewhere (tinygrad's CPU
@@ -528,5 +569,6 @@ class QuantWeight:
       xs, ws = x16.reshape(-1, S, L).permute(1, 0, 2), w.reshape(self.rows, S, L).permute(1, 2, 0)
       return xs.matmul(ws, dtype=dtypes.float32).contiguous().sum(0)
     if self.tc(x): return tc_product(x, self.planes, self.qtype)
-    if self.affine(x): return affine_product(x, self.planes, self.qtype)
+    if self.affine(x):
+      return (mantissa_product if AFFINE_MANTISSA and self.qtype in MANTISSA_TYPES else affine_product)(x, self.planes, self.qtype)
     return (x.unsqueeze(-2) * self.weights()).sum(-1)

@@ -57,6 +57,37 @@ def test_affine_product_matches_gguf(qtype, rng):
   ref = x.astype(np.float64) @ gguf_dequantize(raw.reshape(O, -1), qtype).astype(np.float64).T
   assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-5
 
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q4_0, QT.Q4_1])
+def test_mantissa_product_matches_gguf(qtype, rng, monkeypatch):
+  """ORIN_LLM_AFFINE_MANTISSA=1: quant.mantissa_codes gives 1 + code / 16 exactly (affine()'s u plus its zero point,
+  over 16), and mantissa_product equals gguf's float64 product within 1e-5 of the output's scale (its sums subtract
+  (16 + zero) * sum(x) once a group: ~1e-6 seen); a QuantWeight's one-row product takes it with the knob on only."""
+  from gguf import GGML_QUANT_SIZES
+  from gguf.quants import dequantize as gguf_dequantize
+  from orin_llm import quant
+  O, K, R = 8, 512, int(rng.integers(1, 4))
+  block, bsize = GGML_QUANT_SIZES[qtype]
+  raw = rng.integers(0, 256, size=(O * K // block, bsize), dtype=np.uint8)
+  halves = {QT.Q4_K: (0, 2), QT.Q4_1: (0, 2)}.get(qtype, (0, 1))
+  raw[:, halves[0]:halves[0] + 2 * halves[1]] = rng.uniform(1e-3, 1e-2, size=(raw.shape[0], halves[1])).astype(np.float16).view(np.uint8)
+  qw = QuantWeight.from_raw(raw.reshape(-1), qtype, O, K, "CPU")
+  f, bits = quant.mantissa_codes(qw.planes, qtype)
+  u = quant.affine(qw.planes, qtype)[0].numpy()
+  assert bits == 4 and np.array_equal((f.numpy().astype(np.float64) - 1) * 16 - quant._AFFINE_ZERO.get(qtype, 0), u)
+  assert len(np.unique(u)) == 16
+  x = rng.normal(size=(R, K)).astype(np.float32)
+  ref = x.astype(np.float64) @ gguf_dequantize(raw.reshape(O, -1), qtype).astype(np.float64).T
+  y = quant.mantissa_product(Tensor(x, device="CPU"), qw.planes, qtype).numpy()
+  assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-5
+  calls = []
+  real = quant.mantissa_product
+  monkeypatch.setattr(quant, "mantissa_product", lambda *a: calls.append(1) or real(*a))
+  monkeypatch.setattr(quant, "AFFINE", (qtype,))
+  for on in (0, 1):
+    monkeypatch.setattr(quant, "AFFINE_MANTISSA", on)
+    qw(Tensor(x[:1], device="CPU"))
+  assert calls == [1]
+
 def test_affine_types_from_the_environment():
   """ORIN_LLM_AFFINE: 1 the default types, 0 none, else type names; anything else is refused with the choices named."""
   from orin_llm.errors import OrinError

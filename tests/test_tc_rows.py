@@ -84,8 +84,8 @@ def test_tc_parts(monkeypatch):
   assert [quant.tc_parts(K, O) for O, K in shapes] == [4, 14, 4, 4, 4, 4, 2, 8, 2, 2, 2]
 
 def test_count_knobs():
-  """ORIN_LLM_TC_WARPS, ORIN_LLM_TC_MIN_WEIGHTS and ORIN_LLM_TC_PAIRS: their defaults, a value, and a one-line refusal of anything else."""
-  for name, default in (("ORIN_LLM_TC_WARPS", 512), ("ORIN_LLM_TC_MIN_WEIGHTS", 1 << 22), ("ORIN_LLM_TC_PAIRS", 0)):
+  """ORIN_LLM_TC_WARPS, ORIN_LLM_TC_MIN_WEIGHTS, ORIN_LLM_TC_PAIRS, ORIN_LLM_AFFINE_MANTISSA: their defaults, a value, and a one-line refusal of anything else."""
+  for name, default in (("ORIN_LLM_TC_WARPS", 512), ("ORIN_LLM_TC_MIN_WEIGHTS", 1 << 22), ("ORIN_LLM_TC_PAIRS", 0), ("ORIN_LLM_AFFINE_MANTISSA", 0)):
     assert quant.count_knob(name, default, 1 << 30, {}) == default and quant.count_knob(name, default, 1 << 30, {name: " 0 "}) == 0
     for bad in ("-1", "many", "1e6", str((1 << 30) + 1)):
       with pytest.raises(OrinError, match=name): quant.count_knob(name, default, 1 << 30, {name: bad})
