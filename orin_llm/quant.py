@@ -408,14 +408,25 @@ def has_tensor_cores(device) -> bool:
 @functools.cache
 def _renderer_has_tensor_cores(device: str) -> bool:
   return bool(Device[device].renderer.tensor_cores)
+# ORIN_LLM_TC_PAIRS (default 1; 0 gives half_codes' one code a 16-bit unit; part of the steps file's key): the form's
+# codes two to a 32-bit word (pair_codes). Rendered for sm_90 and compiled by ptxas on the CPU, with patch 0046, the 8B's
+# ffn_down (4096 x 14336, 8 rows) runs 40% fewer instructions a thread in Q6_K (2527 -> 1574 an outer step of 32 mma)
+# and 19% fewer in Q4_K (1464 -> 1183); the form's products are bound by their instructions, not their bytes. Timed on
+# an H200 at BEAM=0 (docs/PERF.md, forty-second session), alternated with 0 in one call: the 8B Q4_K_M's verify step of
+# 8 rows 6.65-6.71 -> 5.72-5.75 ms (1.39-1.43x -> 1.17-1.21x its decode step), of 4 rows 6.30-6.39 -> 6.00-6.29; the
+# 1B Q6_K's 8-row batch step 2.317 -> 2.113 ms.
+TC_PAIRS = count_knob("ORIN_LLM_TC_PAIRS", 1, 1)
+PAIR_TYPES = (QT.Q4_K, QT.Q6_K, QT.Q4_0, QT.Q4_1)  # q4 words, and Q6_K's units: no qh1 (Q5_K, Q5_0, Q5_1), no q8
 # the types whose products take that form, each from how many rows (at least TC_ROWS). Q4_K's beat one sum alone (8B
 # shapes, 4 and 8 rows: 0.60-0.88x its time; H200, thirty-fifth session, docs/PERF.md). Q6_K's lost (1.18-2.25x: 8B and
 # 1B shapes, 4 and 8 rows; still after half_codes, and with the tensor core's k on the nibbles: thirty-fifth to
 # thirty-seventh sessions) until its 2-bit plane came in 16-bit units (above), alone on an H200 (thirty-ninth
 # session): 8 rows, the 1B's gate+up 60.4 -> 46.5 us, its output head 286 -> 185, the 8B's ffn_down 91.6 -> 73.8, its
-# output head 715 -> 327; 4 rows it still lost (the 1B's gate+up 37.8 -> 51.3, ffn_down 34.5 -> 43.3), hence 8. The
-# other types are unmeasured.
-TC_TYPES = {QT.Q4_K: 0, QT.Q6_K: 8}
+# output head 715 -> 327; 4 rows it still lost (the 1B's gate+up 37.8 -> 51.3, ffn_down 34.5 -> 43.3), hence 8. With
+# its codes in pairs (TC_PAIRS) it wins at 4 rows too: the 1B Q6_K's 4-row batch step 2.078 -> 1.737 ms with the
+# form from 4 rows (H200, BEAM=0, forty-second session; the 8B's 4-row verify step with it is unmeasured). The other
+# types are unmeasured.
+TC_TYPES = {QT.Q4_K: 0, QT.Q6_K: 4 if TC_PAIRS else 8}
 
 def takes_tc(qtype: QT, rows, weights: int, device) -> bool:
   """Whether a product of this many input rows (an int: a step's constant) over a matrix of this type and size takes
@@ -459,14 +470,6 @@ TC_PART_LEN = 1024
 # 6.11 / 7.01 -> 6.50 ms; the 1B Q6_K's 8-row batch step 2.808 -> 2.498 ms (4 rows: Q6_K takes the form from 8).
 # ORIN_LLM_TC_WARPS (an experiment's knob; part of the steps file's key): 0 gives parts of TC_PART_LEN only
 TC_WARPS = count_knob("ORIN_LLM_TC_WARPS", 512, 1 << 20)
-# ORIN_LLM_TC_PAIRS=1 (an experiment's knob, off by default; part of the steps file's key): the form's codes two to a
-# 32-bit word (pair_codes). Rendered for sm_90 and compiled by ptxas on the CPU, the 8B's ffn_down (4096 x 14336, 8
-# rows) runs 37% fewer instructions a thread in Q6_K (2644 -> 1667 an outer step of 32 mma) and 17% fewer in Q4_K
-# (1583 -> 1310), with 159 and 122 registers against 135 and 99; the 1B's Q6_K gate+up and the 8B's gate+up the same.
-# The products in the form are ~4.9 ms of the 8B's 6.0 ms verify8 (H200, BEAM=0, graph ablation), at about a third of
-# the GPU's issue rate. Not yet timed on a GPU (docs/PERF.md, forty-first session).
-TC_PAIRS = count_knob("ORIN_LLM_TC_PAIRS", 0, 1)
-PAIR_TYPES = (QT.Q4_K, QT.Q6_K, QT.Q4_0, QT.Q4_1)  # q4 words, and Q6_K's units: no qh1 (Q5_K, Q5_0, Q5_1), no q8
 TC_ROWS_A_WARP = 64
 def tc_parts(cols: int, rows: int) -> int:
   """The parts tc_product splits a reduction of cols into: the most that divide it into whole 256-blocks of at least

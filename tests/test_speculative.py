@@ -61,9 +61,9 @@ def test_greedy_output_is_the_plain_paths(models, rng, source):
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
 def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch, qtype):
-  """ORIN_LLM_TC_ROWS=2 (quant.tc_product: a verify step's Q4_K products, and Q6_K's from 8 rows, with float16 weights,
+  """ORIN_LLM_TC_ROWS=2 (quant.tc_product: a verify step's Q4_K products, and Q6_K's from 4 rows, with float16 weights,
   decode's in float32): greedy output with n-gram proposals is still the plain path's, up to near ties; the form did
-  run inside verify steps, Q6_K's only in those of 8 rows (quant.TC_TYPES). Both paths prefill with the knob on (chunks
+  run inside verify steps, Q6_K's only in those of its floor's rows or more (quant.TC_TYPES). Both paths prefill with the knob on (chunks
   of 8 rows take the form too): verify is checked against decode. On the CPU, which has no tensor cores, the form's
   arithmetic is what runs, not its kernels' layout."""
   from orin_llm import quant
@@ -88,7 +88,7 @@ def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch, qty
   got = list(eng.generate(prompt, 40, Sampling(), speculator=sp))
   same_but_for_ties(eng, prompt, got, want)
   assert calls and sp.accepted > 0, (calls, sp.stats())
-  if qtype == QT.Q6_K: assert set(calls) == {8}, calls  # under its floor of 8 rows, one sum
+  assert min(calls) >= max(2, quant.TC_TYPES[qtype]), calls  # under its type's floor, one sum
 
 @pytest.mark.parametrize("matrix_rows,merged", [(None, 0), (32, 0), (None, 8)])
 def test_greedy_output_with_each_verify_attention(tmp_path, rng, monkeypatch, matrix_rows, merged):

@@ -85,7 +85,8 @@ def test_tc_parts(monkeypatch):
 
 def test_count_knobs():
   """ORIN_LLM_TC_WARPS, ORIN_LLM_TC_MIN_WEIGHTS, ORIN_LLM_TC_PAIRS, ORIN_LLM_AFFINE_MANTISSA: their defaults, a value, and a one-line refusal of anything else."""
-  for name, default in (("ORIN_LLM_TC_WARPS", 512), ("ORIN_LLM_TC_MIN_WEIGHTS", 1 << 22), ("ORIN_LLM_TC_PAIRS", 0), ("ORIN_LLM_AFFINE_MANTISSA", 0)):
+  assert (quant.TC_WARPS, quant.TC_MIN_WEIGHTS, quant.TC_PAIRS, quant.AFFINE_MANTISSA) == (512, 1 << 22, 1, 0)  # unset
+  for name, default in (("ORIN_LLM_TC_WARPS", 512), ("ORIN_LLM_TC_MIN_WEIGHTS", 1 << 22), ("ORIN_LLM_TC_PAIRS", 1), ("ORIN_LLM_AFFINE_MANTISSA", 0)):
     assert quant.count_knob(name, default, 1 << 30, {}) == default and quant.count_knob(name, default, 1 << 30, {name: " 0 "}) == 0
     for bad in ("-1", "many", "1e6", str((1 << 30) + 1)):
       with pytest.raises(OrinError, match=name): quant.count_knob(name, default, 1 << 30, {name: bad})
@@ -138,11 +139,14 @@ def test_one_kernel_with_tensor_cores(qtype, O, K):
   from tinygrad.codegen.opt import KernelOptError
   with pytest.raises(KernelOptError): kernels(qtype, O, K, 8, tc=True, rows_first=True)
 
-def test_q6_k_form_takes_consecutive_words(monkeypatch):
+@pytest.mark.parametrize("pairs", [0, 1])
+def test_q6_k_form_takes_consecutive_words(monkeypatch, pairs):
   """Q6_K's 2-bit plane in 16-bit units (quant.py: qh2): the form's product reduces over (words, nibbles) as Q4_K's
-  does, so the tensor core's k axis takes 16 consecutive words, whose codes load as uint4 and ushort4 vectors. With the
-  plane in 32-bit words the reduction was split into (scale words, scales, 2 words, nibbles), the k axis took the scale
-  words, 64 elements apart, and the codes loaded one word at a time (docs/PERF.md, thirty-eighth session)."""
+  does (with TC_PAIRS, over (words, pairs, a pair's two halves)), so the tensor core's k axis takes 16 consecutive
+  words, whose codes load as uint4 and ushort4 vectors. With the plane in 32-bit words the reduction was split into
+  (scale words, scales, 2 words, nibbles), the k axis took the scale words, 64 elements apart, and the codes loaded
+  one word at a time (docs/PERF.md, thirty-eighth session)."""
+  monkeypatch.setattr(quant, "TC_PAIRS", pairs)
   monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
   from mv_opts_bench import matvec_ast
   from render_kernels import render
@@ -159,7 +163,7 @@ def test_q6_k_form_takes_consecutive_words(monkeypatch):
       ast = matvec_ast(256, 2048, 8, qt, ren, "tc")  # the product's kernel, its ranges as the opts see them
       k = Scheduler(ast, ren)
       reduces[qt] = [s for s, t in zip(k.full_shape, k.axis_types) if t is AxisType.REDUCE]
-    assert reduces[QT.Q6_K] == reduces[QT.Q4_K] == [part // 8, 8], reduces
+    assert reduces[QT.Q6_K] == reduces[QT.Q4_K] == ([part // 8, 4, 2] if pairs else [part // 8, 8]), reduces
   name, opts, src = render(matvec_ast(256, 2048, 8, QT.Q6_K, ren, "tc"), ren)
   assert opts[0].op.name == "TC" and re.search(r"ushort4 val\d+ = ", src) and re.search(r"uint4 val\d+ = ", src), src
 
@@ -202,7 +206,7 @@ def test_the_knob(monkeypatch, tmp_path):
   for bad in ("1", str(quant.MATMUL_ROWS), "eight", "-2"):
     with pytest.raises(OrinError, match="ORIN_LLM_TC_ROWS"): tc_rows({"ORIN_LLM_TC_ROWS": bad})
   # a Q4_K weight's product takes the form from TC_ROWS rows on, up to MATMUL_ROWS, if the matrix has TC_MIN_WEIGHTS
-  # weights or more; a Q6_K weight's from 8 rows (at 4 its form measured slower than one sum: quant.TC_TYPES)
+  # weights or more; a Q6_K weight's from 4 rows with its codes in pairs (the default: quant.TC_TYPES), from 8 without
   calls = []
   monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype: calls.append((qtype, x.shape[0])) or Tensor.zeros(x.shape[0], 16))
   rng = np.random.default_rng()
@@ -215,7 +219,8 @@ def test_the_knob(monkeypatch, tmp_path):
         monkeypatch.setattr(quant, "TC_ROWS", on)
         for R in (1, 3, 4, 8):
           qw(Tensor.empty(R, 256, device="CPU"))
-  assert calls == [(QT.Q4_K, 4), (QT.Q4_K, 8), (QT.Q6_K, 8)]  # the 16x256 matrix at the floor, none under it
+  assert quant.TC_PAIRS == 1 and quant.TC_TYPES == {QT.Q4_K: 0, QT.Q6_K: 4}  # the defaults
+  assert calls == [(QT.Q4_K, 4), (QT.Q4_K, 8), (QT.Q6_K, 4), (QT.Q6_K, 8)]  # the 16x256 matrix at the floor, none under it
   # a device whose renderer has no tensor cores (tinygrad's CPU backend) keeps one sum
   monkeypatch.undo()
   monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype: calls.append((qtype, x.shape[0])) or Tensor.zeros(x.shape[0], 16))
@@ -223,7 +228,7 @@ def test_the_knob(monkeypatch, tmp_path):
   monkeypatch.setattr(quant, "TC_ROWS", 4)
   assert not quant.has_tensor_cores("CPU")
   QuantWeight.from_raw(random_raw(QT.Q4_K, 16, 256, rng).reshape(-1), QT.Q4_K, 16, 256, "CPU")(Tensor.empty(8, 256, device="CPU"))
-  assert len(calls) == 3  # none more
+  assert len(calls) == 4  # none more
   # part of the steps file's key, as in effect
   from orin_llm import step_cache
   keys = {}
