@@ -127,8 +127,9 @@ def test_context_end_and_stale_cache(model, rng):
 def test_matmul_prefill_matches_reference(model, rng, monkeypatch, rows):
   """Prefill chunks of MATMUL_ROWS rows and more take the other path: weights dequantized into a float16 scratch
   and multiplied as matrices (their reductions in parts, as a small chunk's), attention as two float16 matrix
-  products (model.Block.attend_chunk). Against the
-  float64 reference, through a padded last chunk, then decode over the keys and values it wrote."""
+  products (model.Block.attend_chunk). Against the reference that rounds as these steps do (Reference(float16=True):
+  at a few positions of a random model the rounding alone moves the logits by several percent), through a padded
+  last chunk, then decode over the keys and values it wrote."""
   from orin_llm import quant
   path, _ = model
   if "q4_0" in path.name or "q4_1" in path.name: pytest.skip("two cases cover the path; compiling costs CI time")
@@ -141,11 +142,11 @@ def test_matmul_prefill_matches_reference(model, rng, monkeypatch, rows):
   # no float16 copies (prefill_copy_mb=0): the path that dequantizes each matrix in the step, whose scratch is checked
   # below (a model whose copies do not fit the bound, as the 8B's by default, runs it)
   eng = Engine(path, max_context=128, chunk=rows, prefill_copy_mb=0)
-  ref = Reference(path)
+  ref = Reference(path, float16=True)
   prompt = rng.integers(0, VOCAB, 2 * rows + 5).tolist()  # two full chunks and a padded one
   logits = ref.run(prompt)
   next(iter(eng.generate(prompt, 1)))
-  assert rel_err(eng.state.logits[0].numpy(), logits) < 1e-2  # float16 activations: llama.cpp's precision too
+  assert rel_err(eng.state.logits[0].numpy(), logits) < 1e-2  # float16 activations (llama.cpp's precision too), as ref's
   # one float16 copy of a matrix at a time: the dequantization is ordered after the matrix's input, so that the
   # JIT's planner reuses its scratch (unordered, every copy was made up front: the whole model in float16)
   from orin_llm.step_cache import scratch_bytes
@@ -157,7 +158,9 @@ def test_matmul_prefill_matches_reference(model, rng, monkeypatch, rows):
 
 def test_chunk_size_classes_match_reference(model, rng):
   """The GPU's layout of prefill: a large chunk while more than engine.SMALL_CHUNK_MAX tokens are left, then small
-  chunks (both float16 matrix steps, as on a GPU with tensor cores), against the float64 reference, then decode."""
+  chunks (both float16 matrix steps, as on a GPU with tensor cores), against the reference that rounds as they do
+  (Reference(float16=True); the float64 one differed by 9.4% at one seed's last position, where that rounding alone
+  moves it by 9.6%: tests/reference.py), then decode."""
   from orin_llm import engine as E
   path, _ = model
   if "q4_0" in path.name or "q4_1" in path.name: pytest.skip("two cases cover the path; compiling costs CI time")
@@ -166,7 +169,7 @@ def test_chunk_size_classes_match_reference(model, rng):
   prompt = rng.integers(0, VOCAB, E.SMALL_CHUNK_MAX + 64 + int(rng.integers(1, E.SMALL_CHUNK))).tolist()
   plan = eng.chunk_plan(len(prompt))
   assert set(plan) == {64, E.SMALL_CHUNK}, plan  # both classes, the last small chunk padded
-  ref = Reference(path)
+  ref = Reference(path, float16=True)
   want = ref.run(prompt)
   next(iter(eng.generate(prompt, 1)))
   assert rel_err(eng.state.logits[0].numpy(), want) < 1e-2
