@@ -42,6 +42,13 @@ KV_BLOCK = 256
 # to 1023 masked keys (the 1B: 33 MB a token at most, 3% of its weights). Blocks of 1024 (64 x 16) and 512 (32 x 16)
 # had decoded slower (sixth session, their kernels barely searched). ORIN_LLM_DECODE_SEGMENTS=n (an experiment's knob;
 # part of the steps file's key): n segments of 8 keys
+# The new keys and values of a step over several sequences (batched decode, prompts prefilled together), each at its own
+# position: one store per sequence is a kernel per sequence and layer (the 1B's 4-row step: 383 kernels against one row's
+# 224, 48 of them such stores; docs/PERF.md, forty-third session). ORIN_LLM_ONE_STORE=1 (an experiment's knob, off until
+# timed on a GPU; part of the steps file's key): one store, whose target is the sequences' slices concatenated (rangeify
+# makes it one kernel over the B rows, choosing each row's offset; tinygrad patch 0048 lets it compile).
+ONE_STORE = quant.count_knob("ORIN_LLM_ONE_STORE", 0, 1)
+
 def decode_segments(env=os.environ) -> int:
   """ORIN_LLM_DECODE_SEGMENTS: a whole number from 1 to 1024 (default 128)."""
   raw = env.get("ORIN_LLM_DECODE_SEGMENTS", "128")
@@ -275,7 +282,10 @@ class Block:
     # slice would leave the store pending outside this step's graph. One store per sequence: each at its own start.
     new = Tensor.stack(k, v, dim=1).cast(dtypes.float16).reshape(B, T, 1, 2, c.n_kv_heads, c.head_dim)
     slot0 = rows.slot if B == 1 else 0
-    stores = [self.cache[s:s + T, slot0 + b:slot0 + b + 1].uop.store(new[b].uop) for b, s in enumerate(rows.starts)]
+    if B > 1 and ONE_STORE:  # one store for all: its target the sequences' slices side by side (tinygrad patch 0048)
+      views = [self.cache[s:s + T, b:b + 1] for b, s in enumerate(rows.starts)]
+      stores = [views[0].cat(*views[1:], dim=1).uop.store(new.reshape(B, T, 2, c.n_kv_heads, c.head_dim).permute(1, 0, 2, 3, 4).uop)]
+    else: stores = [self.cache[s:s + T, slot0 + b:slot0 + b + 1].uop.store(new[b].uop) for b, s in enumerate(rows.starts)]
     cache = Tensor(self.cache.uop.after(*stores))
     # prefill chunks (of one sequence, or several sequences' prompts together): the tensor-core form; decode, batch and
     # verify rows: the split over the keys. Each query carries its own sequence and position. Several prompts of 32

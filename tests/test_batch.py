@@ -300,3 +300,25 @@ def test_affine_rows_knob():
   assert affine_rows({}) == 1 and affine_rows({"ORIN_LLM_AFFINE_ROWS": "4"}) == 4
   for bad in ("0", str(AFFINE_MAX_ROWS + 1), "four", "-1"):
     with pytest.raises(OrinError, match="ORIN_LLM_AFFINE_ROWS"): affine_rows({"ORIN_LLM_AFFINE_ROWS": bad})
+
+def test_one_store_for_the_rows_of_several_sequences(tmp_path, rng, monkeypatch):
+  """ORIN_LLM_ONE_STORE=1 (model.ONE_STORE): a step over several sequences writes their new keys and values with one
+  store (its target their slices side by side; tinygrad patch 0048), not one per sequence: the batch step of 4 runs 3
+  kernels fewer a layer, its logits equal the per-sequence stores' exactly, and prompts prefilled together (several
+  rows a sequence) give what each gives alone."""
+  from tinygrad.uop.ops import Ops
+  from orin_llm import model
+  path = write_model(tmp_path / "m.gguf", preset("tiny-llama"), QT.Q4_K, LLAMA_VOCAB, seed=int(rng.integers(1 << 31)), vocab_size=VOCAB)
+  prompts = [rng.integers(0, VOCAB, int(n)).tolist() for n in rng.choice(np.arange(3, 30), 4, replace=False)]
+  logits, kernels = {}, {}
+  for one in (0, 1):
+    monkeypatch.setattr(model, "ONE_STORE", one)
+    e = Engine(path, max_context=64, chunk=8, max_batch=4)
+    for s, p in enumerate(prompts): e.prefill(s, p)
+    for _ in range(3): e.decode([0, 1, 2, 3], 1)  # the third call replays the captured step
+    logits[one] = e.state.logits[0:4].numpy()
+    calls = e.steps.jits["batch4"].captured.linear.src  # a graph's calls in its place (scripts/graph_ablation.py)
+    kernels[one] = sum(len(c.src[0].src[0].src) if c.src[0].op is Ops.CUSTOM_FUNCTION and c.src[0].arg == "graph" else 1 for c in calls)
+    if one: check_prefilled_together(e, rng, sampled=False)
+  assert np.array_equal(logits[1], logits[0])
+  assert kernels[0] - kernels[1] == 3 * len(e.model.blocks), kernels
