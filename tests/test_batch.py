@@ -10,7 +10,7 @@ from orin_llm.quant import QuantWeight
 from orin_llm.model import KV_BLOCK, ROW_BLOCK, key_block
 from orin_llm.sampling import Sampling
 from orin_llm.synth import write_model, preset
-from conftest import LLAMA_VOCAB, QWEN_VOCAB
+from conftest import LLAMA_VOCAB, QWEN_VOCAB, seed_for
 
 VOCAB = 2048
 
@@ -18,8 +18,7 @@ def rel_err(a, b): return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-qwen3"])
 def eng(request, tmp_path_factory):
-  seed = int(np.random.SeedSequence().entropy % (1 << 31))
-  print(f"{request.param}: synth seed {seed}")
+  seed = seed_for(f"test_batch {request.param}")  # ORIN_TEST_SEED replays the model too
   vocab = QWEN_VOCAB if request.param.endswith("qwen3") else LLAMA_VOCAB
   path = write_model(tmp_path_factory.mktemp("b") / "m.gguf", preset(request.param), QT.Q4_K, vocab, seed=seed, vocab_size=VOCAB)
   return Engine(path, max_context=300, chunk=8, max_batch=4)
@@ -113,8 +112,7 @@ def test_ahead_rounds_equal_plain(eng, rng, sampled):
 def engine_with_matmul_rows(tmp_path_factory, rows: int):
   """An engine of 4 slots (prompt steps of 4 rows a sequence, chunks of 8) on a fresh tiny model, with
   quant.MATMUL_ROWS = rows while the module's tests run (a GPU's is 32)."""
-  seed = int(np.random.SeedSequence().entropy % (1 << 31))
-  print(f"tiny-llama: synth seed {seed}")
+  seed = seed_for(f"test_batch tiny-llama, matrix rows {rows}")
   path = write_model(tmp_path_factory.mktemp("m") / "m.gguf", preset("tiny-llama"), QT.Q4_K, LLAMA_VOCAB, seed=seed, vocab_size=VOCAB)
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(quant, "MATMUL_ROWS", rows)
@@ -179,7 +177,12 @@ def check_prefilled_together(eng, rng, sampled: bool):
   assert all(eng.slots[b].cached == prompts[b] for b in range(3)) and eng.slots[3].cached == kept
   out = eng.decode([0, 1, 2], 3)
   for b, (tok, want, rest) in enumerate(alone):
-    assert rel_err(logits[b], want) < 1e-4, b
+    # Not 1e-4: a prompt's keys and values, computed in other steps (other rows beside them, another summation order),
+    # differ by ~1e-7 in float32, and where one lies near a float16 rounding boundary its cached value differs by an
+    # ulp or two (4.9e-4 relative). Over 24 draws of models and prompts the logits differed by ~2.5e-7 in most,
+    # 1.5e-6 to 4.4e-5 in five (5 cached values of 2560 one or two ulps apart in the worst), 7.4e-4 in one CI run.
+    # A wrong slot, position or prefix moves them by ~1.
+    assert rel_err(logits[b], want) < 5e-3, b
     assert first[b] == tok and out[:, b].tolist() == rest, b
 
 def test_interleaved_prompts_each_run_their_own_tokens(eng, rng):
