@@ -48,7 +48,7 @@ async def stream(s: aiohttp.ClientSession, url: str, prompt: list[int], n: int) 
   body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True, "ignore_eos": True,
           "stream_options": {"include_usage": True}}
   t0 = time.perf_counter()
-  first = last = usage = finish = predicted = None
+  first = last = usage = finish = predicted = timings = None
   chunks, seen = 0, []
   async with s.post(url + "/v1/completions", json=body) as r:
     if r.status != 200: raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.text())[:300]}")
@@ -57,6 +57,7 @@ async def stream(s: aiohttp.ClientSession, url: str, prompt: list[int], n: int) 
       if not line.startswith(b"data: {"): continue
       now, ev = time.perf_counter(), json.loads(line[6:])
       usage = ev.get("usage") or usage
+      timings = ev.get("timings") or timings  # the server's own times of the request (both send them in a last chunk)
       predicted = (ev.get("timings") or {}).get("predicted_n", predicted)  # llama-server's own count
       for c in ev.get("choices", []):
         # a token's chunk may carry no text (llama-server holds back an incomplete UTF-8 sequence, and random token ids
@@ -70,7 +71,7 @@ async def stream(s: aiohttp.ClientSession, url: str, prompt: list[int], n: int) 
     if not tokens: raise RuntimeError(f"{url}: a stream ended without a token (finish_reason {finish}); its first lines: {seen}")
     first = last = time.perf_counter()
     print(f"load_bench: {url}: a stream sent its {tokens} tokens at once, at its end (counted; its TTFT is its whole time)", file=sys.stderr)
-  return {"start": t0, "first": first, "last": last, "tokens": tokens, "finish": finish}
+  return {"start": t0, "first": first, "last": last, "tokens": tokens, "finish": finish, "timings": timings or {}}
 
 async def rounds(url: str, n: int, n_rounds: int, tokens: int, prompt_tokens: int, vocab: int, rng) -> list[list[dict]]:
   lo, hi = min(1000, vocab // 4), min(vocab, 100000)  # ordinary tokens: not the special ones at the top of the vocabulary
@@ -78,6 +79,23 @@ async def rounds(url: str, n: int, n_rounds: int, tokens: int, prompt_tokens: in
   async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=600)) as s:
     for _ in range(n_rounds):
       out.append(await asyncio.gather(*[stream(s, url, rng.integers(lo, hi, prompt_tokens).tolist(), tokens) for _ in range(n)]))
+  return out
+
+PHASES = ("request_ms", "queued_ms", "prompt_ms")  # the server's own split of a request's time to its first token
+
+def phases(streams: list[dict]) -> dict:
+  """Medians of the server's timings over the streams that have them: each phase before the first token (ours:
+  server/worker.timings; llama-server has prompt_ms), their sum, and the rest of the client's time to its first token
+  (the way there and back: HTTP, the event loop, the stream's first chunk)."""
+  out = {}
+  for k in PHASES:
+    v = [x["timings"][k] for x in streams if x["timings"].get(k) is not None]
+    if v: out[f"{k}_median"] = float(np.median(v))
+  full = [x for x in streams if all(x["timings"].get(k) is not None for k in PHASES)]
+  if full:
+    server = [sum(x["timings"][k] for k in PHASES) for x in full]
+    out["ttft_server_ms_median"] = float(np.median(server))
+    out["ttft_rest_ms_median"] = float(np.median([(x["first"] - x["start"]) * 1e3 - t for x, t in zip(full, server)]))
   return out
 
 def summary(rs: list[list[dict]], tokens: int) -> dict:
@@ -88,7 +106,7 @@ def summary(rs: list[list[dict]], tokens: int) -> dict:
   return {"aggregate_tok_s": float(np.median(agg)), "per_stream_tok_s": float(np.median(per)) if per else None,
           "per_stream_tok_s_min": float(min(per)) if per else None, "ttft_ms_median": float(np.median(ttft)),
           "ttft_ms_p95": float(np.percentile(ttft, 95)), "streams": len(streams),
-          "ended_early": sum(x["tokens"] < tokens for x in streams), "tokens": sum(x["tokens"] for x in streams)}
+          "ended_early": sum(x["tokens"] < tokens for x in streams), "tokens": sum(x["tokens"] for x in streams), **phases(streams)}
 
 def measure(url: str, args, ns: list[int], vocab: int, rng) -> dict:
   asyncio.run(rounds(url, 1, 1, 8, args.prompt_tokens, vocab, rng))  # warm-up: first-request costs stay out of the figures
@@ -158,5 +176,7 @@ def print_table(res: dict, ns: list[int]):
       line = (f"  {who:<10} {n:>3} {s['aggregate_tok_s']:>16.1f} {per:>17} {s['ttft_ms_median']:>11.1f} / {s['ttft_ms_p95']:<7.1f} "
               f"{s['ended_early']:>4} of {s['streams']:<3}  " + (f"{ratio:.2f}x" if ratio else ""))
       print(line.rstrip())
+      if (p := [f"{k[:-10]} {s[k]:.1f}" for k in (f"{k}_median" for k in PHASES + ("ttft_rest_ms",)) if k in s]):
+        print(f"  {'':<10} {'':>3} time to first token, server's medians in ms: {', '.join(p)}")
 
 if __name__ == "__main__": main()

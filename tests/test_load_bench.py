@@ -55,6 +55,9 @@ def test_load_bench(tmp_path):
     assert ll["tokens"] == 6 * 2 * int(n) and ll["ended_early"] == 0 and ll["per_stream_tok_s"] > 0
     assert o["tokens"] <= 6 * 2 * int(n) and o["tokens"] - o["ended_early"] * 6 > 0  # ours stops at EOS: counted, not hidden
     assert 0 < o["ttft_ms_median"] <= o["ttft_ms_p95"] and o["aggregate_tok_s"] > 0
+    # the server's split of the time to the first token (its timings): within the client's, the rest the way back
+    assert all(o[f"{k}_median"] >= 0 for k in ("request_ms", "queued_ms")) and o["prompt_ms_median"] > 0
+    assert 0 < o["ttft_server_ms_median"] and o["ttft_rest_ms_median"] >= 0 and "ttft_server_ms_median" not in ll
     assert res["ratio"][f"aggregate_n{n}"] > 0
   calls = (tmp_path / "llama-server.calls").read_text().splitlines()
   assert [c.split("-np ")[1].split()[:3] for c in calls] == [["1", "-c", "4096"], ["2", "-c", "8192"]] and "-fa on" in calls[0]

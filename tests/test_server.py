@@ -144,6 +144,13 @@ def test_completions(client, server):
                                           stream_options={"include_usage": True}))
   assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == r.choices[0].text
   assert chunks[-1].usage.completion_tokens == 5
+  # timings (llama-server's object, in the answer and in a stream's last chunk): the same prompt again runs its last
+  # token only (the slot holds the rest); the phases are times
+  t = r.model_extra["timings"]
+  assert 1 <= t["prompt_n"] <= r.usage.prompt_tokens and t["predicted_n"] == 5
+  assert all(t[k] >= 0 for k in ("request_ms", "queued_ms", "prompt_ms", "predicted_ms")) and t["predicted_per_second"] > 0
+  last = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason][-1].model_extra["timings"]
+  assert last["prompt_n"] == 1 and last["predicted_n"] == 5 and last["prompt_ms"] >= 0
   # sampling with a seed is repeatable
   a, b = (client.completions.create(model=server[1], prompt="Once", max_tokens=8, temperature=1.0, top_p=0.9, seed=5).choices[0].text
           for _ in range(2))

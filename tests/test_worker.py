@@ -92,6 +92,32 @@ def test_jobs_share_the_engine_and_each_gets_its_own_tokens(setup):
     assert evs[-1][0] == "end" and evs[-1][1] == "length"
   assert max(len(s) for s in eng.decodes) == 2  # two generating together, never more than the slots
 
+def test_end_event_times_the_request(setup):
+  """The end event's timings (the answer's `timings`): the prompt tokens run (a prefix the slot holds is not run
+  again), the time in each phase (the stand-in engine sleeps 10 ms a chunk of 4 tokens), adding up to the request's."""
+  eng, w = setup
+  rng = np.random.default_rng()
+  a_prompt = rng.integers(1, 1000, 9).tolist()
+  b_prompt = a_prompt[:6] + rng.integers(1000, 2000, 5).tolist()
+  async def main():
+    loop = asyncio.get_running_loop()
+    out = []
+    for prompt, waited in ((a_prompt, 0.05), (b_prompt, None)):
+      t0 = time.monotonic()
+      job = W.Job(prompt, 5, Sampling(), [], loop, received=t0 - waited if waited else None)
+      w.submit(job)
+      out.append((await collect(job), time.monotonic() - t0))
+    return out
+  (a, a_wall), (b, b_wall) = run(main())
+  for evs, wall, ran, chunks in ((a, a_wall, 9, 3), (b, b_wall, 5, 2)):
+    end = evs[-1]
+    assert end[0] == "end" and len(end) == 4
+    usage, t = end[2], end[3]
+    assert t["prompt_n"] == ran and t["predicted_n"] == usage["completion_tokens"] == 5
+    assert t["prompt_ms"] >= chunks * 10 and t["queued_ms"] >= 0 and t["predicted_ms"] >= 0 and t["predicted_per_second"] > 0
+    assert t["queued_ms"] + t["prompt_ms"] + t["predicted_ms"] <= wall * 1e3 + 1
+  assert a[-1][3]["request_ms"] >= 50 and b[-1][3]["request_ms"] is None
+
 def test_cancelled_prompt_stops_within_one_chunk(setup):
   eng, w = setup
   async def main():

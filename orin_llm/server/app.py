@@ -481,10 +481,11 @@ def _tool_choice(text: str, finish: str, fmt) -> dict:
           "logprobs": None, "finish_reason": "tool_calls"}
 
 # ---------------------------------------------------------------------- generation
-async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, chat: bool, tools=None) -> web.StreamResponse:
-  """tools: the structured.ToolFormat whose calls the answer may hold (chat with tools), None for plain text."""
+async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, chat: bool, received: float, tools=None) -> web.StreamResponse:
+  """tools: the structured.ToolFormat whose calls the answer may hold (chat with tools), None for plain text.
+  received: when the handler began (time.monotonic), for the answer's timings."""
   job = Job(prompt, g["max_new"], g["sampling"], g["stop"], asyncio.get_running_loop(), speculative=g["speculative"],
-            constraint=g.get("constraint"))
+            constraint=g.get("constraint"), received=received)
   try: srv.worker.submit(job)
   except QueueFull as e:
     raise APIError(429, f"the request queue is full ({srv.worker.queue_size} waiting); try again later", "rate_limit_error",
@@ -505,7 +506,7 @@ async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, ch
         elif ev[0] == "end":
           c = choice("".join(parts), ev[1], False) if tools is None else _tool_choice("".join(parts), ev[1], tools)
           return web.json_response({"id": rid, "object": obj, "created": created, "model": srv.model_id, "system_fingerprint": None,
-                                    "choices": [c], "usage": ev[2]})
+                                    "choices": [c], "usage": ev[2], "timings": ev[3]})
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     await resp.prepare(request)
     chunk = {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created, "model": srv.model_id, "system_fingerprint": None}
@@ -531,7 +532,7 @@ async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, ch
           if calls is not None:
             await deltas(calls.finish())
             if calls.calls: finish = "tool_calls"
-          await send({**chunk, "choices": [choice(None if chat else "", finish, True)]})
+          await send({**chunk, "choices": [choice(None if chat else "", finish, True)], "timings": ev[3]})  # as llama-server's last chunk
           if g["usage"]: await send({**chunk, "choices": [], "usage": ev[2]})
           break
       await send(b"[DONE]")
@@ -542,7 +543,7 @@ async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, ch
 
 # ---------------------------------------------------------------------- routes
 async def chat_completions(request: web.Request):
-  srv = request.app[SERVER]
+  received, srv = time.monotonic(), request.app[SERVER]
   eng, tok = srv.ready()
   body = await _body(request)
   _check_model(srv, body)
@@ -552,10 +553,10 @@ async def chat_completions(request: web.Request):
   ids = await srv.prompt_ids(eng, "messages", "chat", st["messages"], **st["template"])
   g = _generation(srv, eng, body, ids, "messages", True)
   if st["grammar"] is not None: g["constraint"] = await _constraint(srv, *st["grammar"][:3])
-  return await _run(request, srv, ids, g, True, tools=st["tools"])
+  return await _run(request, srv, ids, g, True, received, tools=st["tools"])
 
 async def completions(request: web.Request):
-  srv = request.app[SERVER]
+  received, srv = time.monotonic(), request.app[SERVER]
   eng, tok = srv.ready()
   body = await _body(request)
   _check_model(srv, body)
@@ -572,7 +573,7 @@ async def completions(request: web.Request):
     raise APIError(400, "tools are only supported on /v1/chat/completions", param="tools" if body.get("tools") else "tool_choice")
   g = _generation(srv, eng, body, ids, "prompt", False)
   if (rf := _response_format(body)) is not None: g["constraint"] = await _constraint(srv, *rf[:3])
-  return await _run(request, srv, ids, g, False)
+  return await _run(request, srv, ids, g, False, received)
 
 async def models(request: web.Request):
   srv = request.app[SERVER]

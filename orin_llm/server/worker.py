@@ -45,6 +45,7 @@ class Job:
   events: asyncio.Queue = field(default_factory=asyncio.Queue)
   cancelled: threading.Event = field(default_factory=threading.Event)
   arrived: float = field(default_factory=time.monotonic)
+  received: float | None = None  # when the server began to read the request (before its body, template, tokens)
   speculative: bool = True  # may run speculative decoding when the server has it on and the job generates alone
   constraint: object = None  # structured.Constraint: the grammar the output follows (the engine masks its choices)
   worker: Worker | None = None
@@ -68,9 +69,24 @@ class Run:
   prefill: object = None  # the engine's prefill_chunks iterator while chunks are left
   n: int = 0  # tokens produced
   first: float | None = None
-  started: float = field(default_factory=time.monotonic)
+  started: float = field(default_factory=time.monotonic)  # when it took its slot
+  reused: int = 0  # prompt tokens its slot held already (prefix reuse): not run again
   spec: object = None  # its speculative.Speculator, made when it first generates alone
   failed: Exception | None = None  # its constraint failed (the grammar allows nothing): the job fails, the others go on
+
+def timings(r: Run, end: float) -> dict:
+  """Where a request's time went, in milliseconds, under llama-server's names (its `timings` object) where they exist:
+  request_ms (reading the request, its template and tokens, until it was queued), queued_ms (waiting for a slot and
+  the engine's next tick), prompt_ms (from its slot to its first token chosen: its prompt's chunks, and the others'
+  work it waited behind), predicted_ms (first token to last). prompt_n: the prompt tokens run (those its slot held
+  already were not: prefix reuse); predicted_n: the tokens generated. The client's time to its first token is
+  request_ms + queued_ms + prompt_ms plus the way back."""
+  j, ms = r.job, lambda a, b: round((b - a) * 1e3, 3)
+  first = r.first if r.first is not None else end
+  out = {"request_ms": ms(j.received, j.arrived) if j.received is not None else None, "queued_ms": ms(j.arrived, r.started),
+         "prompt_n": len(j.prompt) - r.reused, "prompt_ms": ms(r.started, first), "predicted_n": r.n, "predicted_ms": ms(first, end)}
+  if r.n > 1 and end > first: out["predicted_per_second"] = round((r.n - 1) / (end - first), 3)
+  return out
 
 class Scheduler:
   """Slots, the runs in them, and one tick of work (see the module's docstring)."""
@@ -88,7 +104,9 @@ class Scheduler:
     """job takes the free slot that holds the longest prefix of its prompt (the lowest of equals)."""
     slot = max(self.free_slots(), key=lambda s: (self.eng.common_prefix(s, job.prompt), -s))
     job.emit("start")
-    r = self.runs[slot] = Run(job, slot, StopText(self.tok, job.stop))
+    # what prefill_chunks will not run again (it runs the prompt's last token in any case)
+    reused = min(self.eng.common_prefix(slot, job.prompt), len(job.prompt) - 1)
+    r = self.runs[slot] = Run(job, slot, StopText(self.tok, job.stop), reused=reused)
     if job.constraint is None: r.prefill = self.eng.prefill_chunks(slot, job.prompt, job.sampling)
     else: r.prefill = self.eng.prefill_chunks(slot, job.prompt, job.sampling, mask=lambda: self._mask(r))
     self.m.slots_active.set(len(self.runs))
@@ -226,7 +244,8 @@ class Scheduler:
     m.prompt_tokens.inc(len(r.job.prompt)); m.generated_tokens.inc(r.n)
     if r.first is not None and r.n > 1 and end > r.first: m.decode_rate.observe((r.n - 1) / (end - r.first))
     m.slots_active.set(len(self.runs))
-    if emit: r.job.emit("end", finish, {"prompt_tokens": len(r.job.prompt), "completion_tokens": r.n, "total_tokens": len(r.job.prompt) + r.n})
+    if emit: r.job.emit("end", finish, {"prompt_tokens": len(r.job.prompt), "completion_tokens": r.n, "total_tokens": len(r.job.prompt) + r.n},
+                        timings(r, end))
 
   def fail(self, e: Exception):
     """An engine failure fails the requests it was running, not the server; the slots start afresh."""
