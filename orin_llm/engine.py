@@ -154,7 +154,7 @@ class Engine:
     self.v_rows = [UOp.variable(f"pos{b}", 0, self.reach) for b in range(max(self.batch_sizes, default=0))]
     self.v_lens = [UOp.variable(f"len{b}", 1, self.group_rows) for b in range(max_batch)]
     self.v_blocks = UOp.variable("blocks", 1, self.model.capacity // ROW_BLOCK)
-    self.v_group_blocks = UOp.variable("group_blocks", 1, self.model.capacity // key_block(self.group_rows, max_batch))  # Steps.group's
+    self.v_group_blocks = UOp.variable("group_blocks", 1, self.model.capacity // min((key_block(self.group_rows, b) for b in self.batch_sizes), default=ROW_BLOCK))  # Steps.group's
     self.steps = Steps(self)
     # the steps a start with this cache captured before (step_cache.py): nothing to schedule or capture
     from orin_llm import step_cache
@@ -287,13 +287,15 @@ class Engine:
     return self.first_token(slot)
 
   def prefill_together(self, jobs: dict[int, tuple[list[int], Sampling]]) -> dict[int, int]:
-    """One step over every slot (Steps.group) that runs the next group_rows tokens each of these slots has not
+    """One step over slots 0..B-1 (Steps.group) that runs the next group_rows tokens each of these slots has not
     cached of its prompt ({slot: (tokens, sampling)}; the last token always, as prefill_chunks runs it), and queues
     the choice of the first token of each prompt it completes (first_token reads it). Returns each slot's cached
     length. The other slots' rows run at their slot's length and write past what it caches, as a batch's idle rows
     do. Results equal prefill_chunks' (tests/test_batch.py): each row attends to its own slot's keys only."""
     assert jobs and self.max_batch > 1
-    B, G = self.max_batch, self.group_rows
+    # over the first B slots, B the smallest batch size that holds them (as decode's): 3 clients joining slot 0's in
+    # slots 1-3 of 8 run 4 x G rows, not 8 x G
+    B, G = next(b for b in self.batch_sizes if b > max(jobs)), self.group_rows
     toks, pos, lens, done = np.zeros((B, G), np.int32), [], [], []
     for b in range(B):
       s = self.slots[b]
@@ -500,7 +502,7 @@ class Steps:
   """The engine's compiled steps (TinyJits), by name:
   chunk{T}       one sequence, T tokens from start_pos in slot `slot` (T = 1: decoding alone) -> logits[0] of row chunk_len
   batch{B}       sequences in slots 0..B-1, one token each at pos0..pos{B-1} -> logits[0:B]
-  group{B}x{G}   every slot's prompt, G tokens each from pos{b}, len{b} of them real -> logits[0:B] of each last one
+  group{B}x{G}   the prompts of slots 0..B-1, G tokens each from pos{b}, len{b} of them real -> logits[0:B] of each last one
   verify{K}      one sequence, K tokens from start_pos in slot `slot` -> logits[0:K] of every row (speculative decoding)
   choose-{rows}-{greedy|sampled}  a token per row of logits -> next_tok and hist[hist_row] (verify: hist[0:K, slot]);
                  -masked: among each row's tokens allowed by its row of mask (constrained requests: their own steps,
@@ -542,7 +544,7 @@ class Steps:
     e, st = self.eng, self.eng.state
     def fn(*args):
       pos, lens, blocks = args[:B], args[B:2 * B], args[2 * B]
-      x = e.model(st.group.reshape(-1), Rows(tuple(pos), G, 0, blocks), n=tuple(lens))
+      x = e.model(st.group[0:B].reshape(-1), Rows(tuple(pos), G, 0, blocks), n=tuple(lens))
       return st.logits[0:B].assign(x).realize()
     return self._get(f"group{B}x{G}", fn)
 

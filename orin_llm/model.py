@@ -44,10 +44,11 @@ KV_BLOCK = 256
 # part of the steps file's key): n segments of 8 keys
 # The new keys and values of a step over several sequences (batched decode, prompts prefilled together), each at its own
 # position: one store per sequence is a kernel per sequence and layer (the 1B's 4-row step: 383 kernels against one row's
-# 224, 48 of them such stores; docs/PERF.md, forty-third session). ORIN_LLM_ONE_STORE=1 (an experiment's knob, off until
-# timed on a GPU; part of the steps file's key): one store, whose target is the sequences' slices concatenated (rangeify
-# makes it one kernel over the B rows, choosing each row's offset; tinygrad patch 0048 lets it compile).
-ONE_STORE = quant.count_knob("ORIN_LLM_ONE_STORE", 0, 1)
+# 224, 48 of them such stores; docs/PERF.md, forty-third session). So one store, whose target is the sequences' slices
+# concatenated (rangeify makes it one kernel over the B rows, choosing each row's offset; tinygrad patch 0048 lets it
+# compile): the 1B Q6_K's 4-row step 1.744 -> 1.686 ms, 8 rows 2.115 -> 1.910, one row unchanged (H200, forty-fifth
+# session). ORIN_LLM_ONE_STORE=0 (an experiment's knob; part of the steps file's key): a store per sequence.
+ONE_STORE = quant.count_knob("ORIN_LLM_ONE_STORE", 1, 1)
 
 def decode_segments(env=os.environ) -> int:
   """ORIN_LLM_DECODE_SEGMENTS: a whole number from 1 to 1024 (default 128)."""

@@ -82,6 +82,8 @@ def _opts_env() -> dict:
   env["ORIN_LLM_AFFINE"] = ",".join(sorted(t.name for t in quant.AFFINE))
   env["ORIN_LLM_AFFINE_ROWS"] = str(quant.AFFINE_ROWS if quant.AFFINE else 1)
   env["ORIN_LLM_TC_ROWS"] = str(quant.TC_ROWS)  # the few-row products' fused tensor-core form
+  from orin_llm import model
+  env["ORIN_LLM_ONE_STORE"] = str(model.ONE_STORE)  # unset and 1 are the same programs
   from orin_llm import settings
   env["ORIN_LLM_BEAM_STEPS"] = settings.BEAM_STEPS  # which steps a search took (engine.searched)
   # the search's bounds ([beam] time_limit and min_us), as in effect: steps captured after a shorter search are not loaded

@@ -14,7 +14,7 @@ def warm_up_prompt(eng) -> list[int]:
   return [(7 + 31 * i) % eng.cfg.vocab_size for i in range(n)]
 
 def warm_up(eng, beat=lambda: None, progress: bool = False):
-  """Captures the compiled steps the server replays: prefill in every chunk size and of every slot at once, decoding
+  """Captures the compiled steps the server replays: prefill in every chunk size and of the slots of each batch size at once, decoding
   alone and decoding in each batch size, greedy and sampled, and the masked choices of constrained requests (structured.py) alone and in
   each batch size, under a mask that allows everything. The engine's JITs capture on their first call, and each
   round calls each step more than once, so the first round captures and the second replays. beat() runs between
@@ -42,9 +42,9 @@ def warm_up(eng, beat=lambda: None, progress: bool = False):
       for _ in range(2): eng.decode(list(range(B)), 2)
       for _ in range(2): eng.decode(list(range(B)), 1, masks=lambda: {0: allow.mask_words()})
       eng.set_mask(0, None)  # or the next batch size's plain decode would run (and compile) only the masked choice
-    if eng.max_batch > 1:  # the short prompts of clients that arrive together, in one step over every slot
-      eng.prefill_together({b: ([prompt[(b + i) % len(prompt)] for i in range(2 + min(b, eng.group_rows - 2))], s) for b in range(eng.max_batch)})
-      for b in range(eng.max_batch): eng.first_token(b)
+    for B in eng.batch_sizes:  # the short prompts of clients that arrive together, in one step over B slots
+      eng.prefill_together({b: ([prompt[(b + i) % len(prompt)] for i in range(2 + min(b, eng.group_rows - 2))], s) for b in range(B)})
+      for b in range(B): eng.first_token(b)
   drafts = []
   t0 = time.monotonic()
   for k, (s, i) in enumerate(rounds):

@@ -5,8 +5,8 @@
 --batch R: the batched step of R rows (every row at P), as the server runs R requests at once.
 --verify K: speculative decoding's verify step of K rows of one sequence from P (K one of engine.VERIFY_SIZES).
 --chunk T: a prefill chunk of T prompt tokens from position P (T one of the engine's chunk sizes).
---group: the step that prefills every slot's prompt at once (engine.Steps.group): group_rows tokens of each of the
-max-batch slots from position P, all real (clients that arrive together with short prompts).
+--group [B]: the step that prefills the prompts of slots 0..B-1 at once (engine.Steps.group; B one of the batch sizes,
+default max-batch): group_rows tokens of each from position P, all real (clients that arrive together, short prompts).
 --graph N (with --chunk or --group): first, the compiled step's wall time as the server runs it (the prompt's tokens
 from P, the first token read), median of N."""
 import argparse
@@ -22,7 +22,7 @@ ap.add_argument("--max-batch", type=int, default=4, help="slots, as the server's
 ap.add_argument("--batch", type=int, default=1, help="rows of the batched step to profile (1: the single-sequence step)")
 ap.add_argument("--chunk", type=int, default=0, help="profile a prefill chunk of this many rows from --pos instead")
 ap.add_argument("--verify", type=int, default=0, help="profile the verify step of this many rows from --pos instead")
-ap.add_argument("--group", action="store_true", help="profile the step that prefills every slot's prompt together instead")
+ap.add_argument("--group", type=int, nargs="?", const=-1, default=0, help="profile the step that prefills the prompts of this many slots (default max-batch) together instead")
 ap.add_argument("--compare", type=int, default=0, help="time each kernel with the hand-coded opts and with this BEAM width's results, paired")
 ap.add_argument("--graph", type=int, default=0, help="with --chunk or --group: also time the compiled step this many times, as the server runs it")
 a = ap.parse_args()
@@ -48,12 +48,12 @@ elif a.verify:  # the verify step's model (engine.Steps.verify): K rows of one s
     return st.logits[0:K].assign(eng.model(st.prompt[pos:pos + K], Rows((pos,), K, eng.v_slot.bind(0)), all_rows=True)).realize()
 elif a.group:  # the group step's model (engine.Steps.group), its variables bound as prefill_together binds them
   from orin_llm.model import Rows, key_block
-  st, B, G = eng.state, eng.max_batch, eng.group_rows
-  assert B > 1, "--group needs --max-batch 2 or more"
+  st, B, G = eng.state, (eng.max_batch if a.group < 0 else a.group), eng.group_rows
+  assert B in eng.batch_sizes, f"--group {B}: the engine's batch sizes are {eng.batch_sizes} (--max-batch 2 or more)"
   def step():
     size = key_block(G, B)
     rows = Rows(tuple(v.bind(a.pos) for v in eng.v_rows[:B]), G, 0, eng.v_group_blocks.bind((a.pos + G + size - 1) // size))
-    return st.logits[0:B].assign(eng.model(st.group.reshape(-1), rows, n=tuple(v.bind(G) for v in eng.v_lens[:B]))).realize()
+    return st.logits[0:B].assign(eng.model(st.group[0:B].reshape(-1), rows, n=tuple(v.bind(G) for v in eng.v_lens[:B]))).realize()
 elif a.batch == 1: step = lambda: eng.profile_step().realize()  # the same kernels as the compiled step
 else:  # the batch step's model (engine.Steps.batch), its symbolic positions bound as the compiled step binds them
   from orin_llm.model import Rows, ROW_BLOCK
@@ -65,7 +65,7 @@ if a.graph and (a.chunk or a.group):  # the compiled step as the server runs it:
   import time, numpy as np
   from orin_llm.sampling import Sampling
   T = a.chunk or eng.group_rows
-  slots = [0] if a.chunk else list(range(eng.max_batch))
+  slots = [0] if a.chunk else list(range(eng.max_batch if a.group < 0 else a.group))
   prompts = {b: np.random.default_rng(b).integers(0, eng.cfg.vocab_size, a.pos + T).tolist() for b in slots}
   def served():
     for b, p in prompts.items(): eng.slots[b].cached, eng.slots[b].next = p[:a.pos], None  # the first pos tokens cached
@@ -78,7 +78,7 @@ if a.graph and (a.chunk or a.group):  # the compiled step as the server runs it:
   times = [served() for _ in range(a.graph + 2)][2:]  # the first two capture the step
   print(f"compiled step, {'one prompt' if a.chunk else f'{len(slots)} prompts'} of {T} tokens at {a.pos}, first tokens read: "
         f"median {np.median(times) * 1e3:.2f} ms [{min(times) * 1e3:.2f}, {max(times) * 1e3:.2f}] over {a.graph}")
-what = (f"one prefill chunk of {a.chunk} at {a.pos}" if a.chunk else f"a verify step of {a.verify} at {a.pos}" if a.verify else f"{eng.max_batch} prompts' {eng.group_rows} tokens each at {a.pos}"
+what = (f"one prefill chunk of {a.chunk} at {a.pos}" if a.chunk else f"a verify step of {a.verify} at {a.pos}" if a.verify else f"{eng.max_batch if a.group < 0 else a.group} prompts' {eng.group_rows} tokens each at {a.pos}"
         if a.group else f"a batch step of {a.batch} at {a.pos}" if a.batch > 1 else f"one decode step at {a.pos}")
 if a.compare:
   from kernel_times import print_compare
@@ -90,5 +90,6 @@ if a.compare:
     with Context(BEAM=a.compare): runs.append((b, kernel_times(step, args=True)))
   print_compare(runs, what, a.top)
   raise SystemExit(0)
+if a.top == 0: raise SystemExit(0)  # --top 0: the compiled step's time (--graph) alone
 step()  # compile everything once
 print_table(kernel_times(step), what, a.top)

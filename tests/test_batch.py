@@ -151,12 +151,20 @@ def test_prompts_under_the_matrix_rows_prefilled_together_in_the_matrix_form(eng
   assert eng.group_rows < quant.MATMUL_ROWS <= eng.group_rows * eng.max_batch and key_block(eng.group_rows, eng.max_batch) == KV_BLOCK
   check_prefilled_together(eng, rng, sampled=False)
 
-def check_prefilled_together(eng, rng, sampled: bool):
+def test_prompts_of_the_first_slots_prefilled_in_a_smaller_step(eng, rng):
+  """Two prompts in slots 0 and 1 of 4 run in the group step of the smallest batch size that holds them (2 slots:
+  half the rows), give what they give alone, and leave slots 2 and 3 (idle, each caching a sequence) as they were."""
+  before = set(eng.steps.jits)
+  check_prefilled_together(eng, rng, sampled=False, n=2)
+  assert f"group2x{eng.group_rows}" in eng.steps.jits and f"group4x{eng.group_rows}" not in set(eng.steps.jits) - before
+
+def check_prefilled_together(eng, rng, sampled: bool, n: int = 3):
+  """n prompts (2 or 3) in slots 0..n-1, prefilled together, against each alone; the slots from n on idle, caching."""
   G = eng.group_rows
-  lens = [G + 3 + int(rng.integers(0, G)), int(rng.integers(1, G + 1)), 2 * G + 1]
-  prompts = [rng.integers(0, VOCAB, n).tolist() for n in lens]
+  lens = [G + 3 + int(rng.integers(0, G)), int(rng.integers(1, G + 1)), 2 * G + 1][:n]
+  prompts = [rng.integers(0, VOCAB, k).tolist() for k in lens]
   samp = [Sampling(2.0, 0, 1.0, int(rng.integers(1 << 20))) if sampled else Sampling() for _ in prompts]
-  prefix = prompts[2][:G + 2]  # slot 2 holds a prefix of its prompt from before: only the rest runs
+  prefix = prompts[2][:G + 2] if n == 3 else []  # slot 2 holds a prefix of its prompt from before: only the rest runs
   alone = []
   for p, s in zip(prompts, samp):
     eng.reset()
@@ -164,8 +172,9 @@ def check_prefilled_together(eng, rng, sampled: bool):
     logits = eng.state.logits[0].numpy()
     alone.append((tok, logits, eng.decode([0], 3)[:, 0].tolist()))
   eng.reset()
-  eng.prefill(2, prefix)
-  eng.prefill(3, prompts[0][:5]); kept = list(eng.slots[3].cached)
+  if n == 3: eng.prefill(2, prefix)
+  for b in range(n, eng.max_batch): eng.prefill(b, prompts[0][b - n:b - n + 5])
+  kept = {b: list(eng.slots[b].cached) for b in range(n, eng.max_batch)}
   jobs, first, logits, steps = {b: (p, s) for b, (p, s) in enumerate(zip(prompts, samp))}, {}, {}, 0
   while jobs:
     got = eng.prefill_together(jobs)
@@ -173,9 +182,9 @@ def check_prefilled_together(eng, rng, sampled: bool):
     for b in [b for b in jobs if got[b] == len(jobs[b][0])]:
       first[b], logits[b] = eng.first_token(b), eng.state.logits[b].numpy()
       del jobs[b]
-  assert steps == max(-(-lens[0] // G), -(-lens[1] // G), -(-(lens[2] - len(prefix)) // G))
-  assert all(eng.slots[b].cached == prompts[b] for b in range(3)) and eng.slots[3].cached == kept
-  out = eng.decode([0, 1, 2], 3)
+  assert steps == max(-(-lens[0] // G), -(-lens[1] // G), *([-(-(lens[2] - len(prefix)) // G)] if n == 3 else []))
+  assert all(eng.slots[b].cached == prompts[b] for b in range(n)) and {b: eng.slots[b].cached for b in kept} == kept
+  out = eng.decode(list(range(n)), 3)
   for b, (tok, want, rest) in enumerate(alone):
     # Not 1e-4: a prompt's keys and values, computed in other steps (other rows beside them, another summation order),
     # differ by ~1e-7 in float32, and where one lies near a float16 rounding boundary its cached value differs by an
@@ -305,7 +314,7 @@ def test_affine_rows_knob():
     with pytest.raises(OrinError, match="ORIN_LLM_AFFINE_ROWS"): affine_rows({"ORIN_LLM_AFFINE_ROWS": bad})
 
 def test_one_store_for_the_rows_of_several_sequences(tmp_path, rng, monkeypatch):
-  """ORIN_LLM_ONE_STORE=1 (model.ONE_STORE): a step over several sequences writes their new keys and values with one
+  """model.ONE_STORE (the default; ORIN_LLM_ONE_STORE=0 turns it off): a step over several sequences writes their new keys and values with one
   store (its target their slices side by side; tinygrad patch 0048), not one per sequence: the batch step of 4 runs 3
   kernels fewer a layer, its logits equal the per-sequence stores' exactly, and prompts prefilled together (several
   rows a sequence) give what each gives alone."""
