@@ -2,8 +2,8 @@
 generation. It schedules continuously, as llama.cpp's server does with its slots: waiting jobs (in arrival order,
 from a bounded queue) take free KV-cache slots (the one holding the longest prefix of their prompt), and each tick
 of the loop runs a prefill chunk of each joining job and then one batched decode round (a few steps queued back to
-back) for every slot that is generating; the short prompts of jobs that join together run as one step over every
-slot (engine.prefill_together). A finished or cancelled job leaves its slot at once; the cancel flag (set
+back) for every slot that is generating; the short prompts of jobs that join together run as one step over the
+first slots, as many as the smallest batch size that holds theirs (engine.prefill_together). A finished or cancelled job leaves its slot at once; the cancel flag (set
 when the client goes away) is checked between prefill chunks and between decode rounds. Results go back to the
 request's asyncio task through its event loop."""
 from __future__ import annotations
