@@ -26,7 +26,7 @@ from tinygrad import Tensor, TinyJit, UOp, dtypes, Device
 from tinygrad.helpers import Context, GlobalCounters
 from orin_llm.errors import OrinError
 from orin_llm.loader import open_model, load_weights
-from orin_llm.model import Transformer, Rows, fused_groups, key_block, ROW_BLOCK
+from orin_llm.model import Transformer, Rows, fused_groups, key_block, ROW_BLOCK, SHORT_BLOCK, SHORT_KEYS
 from orin_llm.step_cache import steps_reach
 from orin_llm.sampling import Sampling, greedy, masked, sample
 from orin_llm.hostio import host_io
@@ -154,6 +154,10 @@ class Engine:
     self.v_rows = [UOp.variable(f"pos{b}", 0, self.reach) for b in range(max(self.batch_sizes, default=0))]
     self.v_lens = [UOp.variable(f"len{b}", 1, self.group_rows) for b in range(max_batch)]
     self.v_blocks = UOp.variable("blocks", 1, self.model.capacity // ROW_BLOCK)
+    self.v_short_blocks = UOp.variable("short_blocks", 1, self.model.capacity // SHORT_BLOCK)  # the short steps' (valid at any depth)
+    # a decode or batch step whose rows all attend to at most this many keys runs the steps of SHORT_BLOCK-key blocks
+    # (model.SHORT_KEYS; 0: never); the warm-up sets it to capture both kinds
+    self.short_keys = SHORT_KEYS
     self.v_group_blocks = UOp.variable("group_blocks", 1, self.model.capacity // min((key_block(self.group_rows, b) for b in self.batch_sizes), default=ROW_BLOCK))  # Steps.group's
     self.steps = Steps(self)
     # the steps a start with this cache captured before (step_cache.py): nothing to schedule or capture
@@ -344,8 +348,9 @@ class Engine:
       # each step's input is next_tok, which the previous choice wrote; written here from the host's copy first,
       # since a batch's idle rows choose (and write next_tok) too, for slots that may be joining or waiting to be reused
       if not started: self._copy_in(self.state.next_tok, s, np.array([self.slots[s].next], np.int32))
-      step, base = self.steps.chunk(1), len(self.slots[s].cached)
-      model = lambda p: step(self.v_pos.bind(p), self.v_slot.bind(s), self.v_len.bind(1))
+      base = len(self.slots[s].cached)
+      # each step of short or long blocks by the keys its row attends to (position + 1)
+      model = lambda p: self.steps.chunk(1, p + 1 <= self.short_keys)(self.v_pos.bind(p), self.v_slot.bind(s), self.v_len.bind(1))
       for i in range(n):
         if i or not started: model(base + i)
         choose = self.steps.choose("one", greedy_only, self._masks(masks, [s]))
@@ -353,11 +358,10 @@ class Engine:
       cols = [s]
     else:
       if not started: self._copy_in(self.state.next_tok, 0, np.array([self.slots[b].next or 0 for b in range(B)], np.int32))
-      step = self.steps.batch(B)
       # rows of idle slots sit at their slot's length: what they write there lies past everything the slot caches
       base = [min(len(self.slots[b].cached), self.max_context - n) for b in range(B)]
       def model(pos: list[int]):
-        step(*[v.bind(p) for v, p in zip(self.v_rows, pos)], self.v_blocks.bind((max(pos) + 1 + ROW_BLOCK - 1) // ROW_BLOCK))
+        self.batch_step(pos)
       for i in range(n):
         if i or not started: model([p + i for p in base])
         choose = self.steps.choose(f"batch{B}", greedy_only, self._masks(masks, slots))  # idle rows: all ones, or stale
@@ -375,6 +379,14 @@ class Engine:
       c = self.slots[s]
       c.cached, c.next = c.cached + [c.next] + out[:n - 1, j].tolist(), int(out[n - 1, j])
     return out
+
+  def batch_step(self, pos: list[int]):
+    """Queues the model step of rows 0..B-1 at these positions (B = len(pos), a batch size): of short blocks where
+    every row attends to at most short_keys keys, else of ROW_BLOCK keys, bound to the blocks the longest row needs."""
+    top = max(pos) + 1
+    short = top <= self.short_keys
+    size, nb = (SHORT_BLOCK, self.v_short_blocks) if short else (ROW_BLOCK, self.v_blocks)
+    self.steps.batch(len(pos), short)(*[v.bind(p) for v, p in zip(self.v_rows, pos)], nb.bind((top + size - 1) // size))
 
   def verify(self, slot: int, proposals: list[int]) -> list[int]:
     """Speculative decoding's step (speculative.py): the slot's last choice and the proposed tokens after it run as
@@ -492,7 +504,7 @@ class Engine:
 
 def searched(name: str) -> bool:
   """Whether a step of this name (Steps' names) takes the BEAM search, under settings.BEAM_STEPS."""
-  return settings.BEAM_STEPS == "all" or name.startswith("group") or (name.startswith("chunk") and name != "chunk1")
+  return settings.BEAM_STEPS == "all" or name.startswith("group") or (name.startswith("chunk") and name.split("-")[0] != "chunk1")
 
 def _unsearched(jit: TinyJit, *args):
   """A step called (and so, at its first call, captured and compiled) with BEAM off: the hand-coded opts."""
@@ -502,6 +514,7 @@ class Steps:
   """The engine's compiled steps (TinyJits), by name:
   chunk{T}       one sequence, T tokens from start_pos in slot `slot` (T = 1: decoding alone) -> logits[0] of row chunk_len
   batch{B}       sequences in slots 0..B-1, one token each at pos0..pos{B-1} -> logits[0:B]
+  chunk1-short, batch{B}-short  the same in the attention's blocks of model.SHORT_BLOCK keys (Engine.short_keys)
   group{B}x{G}   the prompts of slots 0..B-1, G tokens each from pos{b}, len{b} of them real -> logits[0:B] of each last one
   verify{K}      one sequence, K tokens from start_pos in slot `slot` -> logits[0:K] of every row (speculative decoding)
   choose-{rows}-{greedy|sampled}  a token per row of logits -> next_tok and hist[hist_row] (verify: hist[0:K, slot]);
@@ -526,19 +539,22 @@ class Steps:
     jit = self.jits[name]
     return jit if searched(name) or jit.captured is not None else functools.partial(_unsearched, jit)
 
-  def chunk(self, T: int) -> TinyJit:
+  def chunk(self, T: int, short: bool = False) -> TinyJit:
     e, st = self.eng, self.eng.state
+    assert T == 1 or not short
+    block = SHORT_BLOCK if short else ROW_BLOCK
     def fn(pos, slot, n):
       src = st.prompt[pos:pos + T] if T > 1 else st.next_tok[slot:slot + 1]  # decode reads the last choice
-      return st.logits[0:1].assign(e.model(src, Rows((pos,), T, slot), n)).realize()
-    return self._get(f"chunk{T}", fn)
+      return st.logits[0:1].assign(e.model(src, Rows((pos,), T, slot, row_block=block), n)).realize()
+    return self._get(f"chunk{T}{'-short' * short}", fn)
 
-  def batch(self, B: int) -> TinyJit:
+  def batch(self, B: int, short: bool = False) -> TinyJit:
     e, st = self.eng, self.eng.state
+    block = SHORT_BLOCK if short else ROW_BLOCK
     def fn(*args):
       pos, blocks = args[:B], args[B]
-      return st.logits[0:B].assign(e.model(st.next_tok[0:B], Rows(tuple(pos), 1, 0, blocks))).realize()
-    return self._get(f"batch{B}", fn)
+      return st.logits[0:B].assign(e.model(st.next_tok[0:B], Rows(tuple(pos), 1, 0, blocks, block))).realize()
+    return self._get(f"batch{B}{'-short' * short}", fn)
 
   def group(self, B: int, G: int) -> TinyJit:
     e, st = self.eng, self.eng.state

@@ -58,6 +58,21 @@ def decode_segments(env=os.environ) -> int:
   return int(raw)
 SEGMENTS, SEGMENT = decode_segments(), 8
 ROW_BLOCK = SEGMENTS * SEGMENT
+# Where every row of a decode step attends to few keys, 1024-key blocks are mostly masked: at depth 16-32 the 1B Q6_K's
+# 4-row attention cost 2.44x one row's (243 against 100 us a step), and with 256-key blocks (32 segments) the 4-row step
+# took 1.685 -> 1.534 ms, one row 1.073 -> 1.044, but one row's decode at depth 4096 812.6 -> 691.4 tok/s (H200,
+# forty-sixth session, docs/PERF.md). So decode and batch steps are compiled in both block sizes, and a round whose rows
+# all attend to fewer than SHORT_KEYS keys runs the steps of SHORT_BLOCK keys (Engine.decode). ORIN_LLM_SHORT_KEYS=n
+# (a whole number; 0: never; part of the steps file's key, since the warm-up captures the short steps only where they run)
+SHORT_BLOCK = 32 * SEGMENT
+
+def short_keys(env=os.environ) -> int:
+  """ORIN_LLM_SHORT_KEYS: a whole number of keys, 0 (off) or more (default 512)."""
+  raw = env.get("ORIN_LLM_SHORT_KEYS", "512")
+  if not raw.strip().isdigit():
+    raise OrinError(f"ORIN_LLM_SHORT_KEYS={raw!r}: a whole number of keys is needed (0: off; default 512)")
+  return int(raw)
+SHORT_KEYS = short_keys() if SHORT_BLOCK < ROW_BLOCK else 0
 # The segments' partial sums take (query rows x SEGMENTS x row_columns) floats a layer: 3.3 MB for a verify step of 8
 # rows of the 1B, but 168 MB for 4 prompts of 32 rows prefilled together (Steps.group). Rows past ROW_SEGMENT_BUDGET /
 # SEGMENTS take fewer, longer segments, so that a step's partial sums stay what 8 rows' are (each thread then walks
@@ -66,11 +81,13 @@ ROW_BLOCK = SEGMENTS * SEGMENT
 # smaller budget and batch steps dearer by up to 23%; removed once the verify rows took the matrix form: docs/PERF.md)
 ROW_SEGMENT_BUDGET = 8 * SEGMENTS
 
-def row_segments(rows: int) -> int:
-  """Segments of a key block for this many query rows (per head): SEGMENTS up to 8 rows (decode, batches of up to 8,
-  verify steps), then the most that divide SEGMENTS (a block's keys split evenly) with rows x segments within the
-  budget: halved for each doubling of the rows where SEGMENTS is a power of two."""
-  return max([s for s in range(1, SEGMENTS + 1) if SEGMENTS % s == 0 and rows * s <= ROW_SEGMENT_BUDGET] or [1])
+def row_segments(rows: int, block: int = ROW_BLOCK) -> int:
+  """Segments of a key block of `block` keys for this many query rows (per head): block / SEGMENT up to 8 rows (decode,
+  batches of up to 8, verify steps), then the most that divide that (a block's keys split evenly) with rows x segments
+  within the budget (ROW_SEGMENT_BUDGET, in proportion to the block): halved for each doubling of the rows where it is a
+  power of two."""
+  most = block // SEGMENT
+  return max([s for s in range(1, most + 1) if most % s == 0 and rows * s * SEGMENTS <= ROW_SEGMENT_BUDGET * most] or [1])
 # the score of a masked key: finite, so that a segment with no visible key (its maximum this value) gives exp(0) = 1
 # for its keys, sums of finite values, which its weight exp(MASKED - max) = 0 then removes; -inf would give NaN there
 MASKED = -1e30
@@ -107,7 +124,7 @@ MERGED_SCORES_ROWS = merged_scores_rows()
 
 def kv_capacity(max_context: int) -> int:
   """Rows of the KV cache: the context rounded up to whole blocks of either form."""
-  b = math.lcm(KV_BLOCK, ROW_BLOCK)
+  b = math.lcm(KV_BLOCK, ROW_BLOCK, SHORT_BLOCK)
   return -(-max_context // b) * b
 
 def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
@@ -157,26 +174,28 @@ def attends_as_matrix(T: int, B: int = 1) -> bool:
   decode and batches of decode rows keep the rows' split, attend_rows, however many sequences)."""
   return (isinstance(T, int) and B == 1 and T >= ATTN_MATRIX_ROWS) or quant.as_matrix(T) or (isinstance(T, int) and T > 1 and quant.as_matrix(B * T))
 
-def key_block(T: int, B: int = 1) -> int:
+def key_block(T: int, B: int = 1, row_block: int = ROW_BLOCK) -> int:
   """Keys per block of the attention form that T query rows per sequence of B sequences take: the matrix form's
-  (attends_as_matrix), else the rows' split's."""
-  return KV_BLOCK if attends_as_matrix(T, B) else ROW_BLOCK
+  (attends_as_matrix), else the rows' split's (row_block: ROW_BLOCK, or SHORT_BLOCK in a short step)."""
+  return KV_BLOCK if attends_as_matrix(T, B) else row_block
 
 @dataclass(frozen=True)
 class Rows:
   """The tokens of one forward pass. starts[b]: the first position of sequence b (an int or a bound variable).
   T tokens per sequence. slot: a lone sequence's KV-cache slot (int or bound variable); B > 1 sequences are in
   slots 0..B-1. nb: key blocks every row attends over (None: those the one sequence needs); with several sequences
-  it is a variable bound to what the longest needs, in blocks of key_block(T, B)."""
+  it is a variable bound to what the longest needs, in blocks of key_block(T, B, row_block). row_block: keys per
+  block of the rows' split (ROW_BLOCK; SHORT_BLOCK in the steps of short contexts)."""
   starts: tuple
   T: int = 1
   slot: int | UOp = 0
   nb: int | UOp | None = None
+  row_block: int = ROW_BLOCK
   @property
   def B(self) -> int: return len(self.starts)
   def blocks(self, size: int):
-    """Blocks of `size` keys that hold every key the rows attend to (nb, where given, counts blocks of key_block(T, B))."""
-    if self.nb is not None: assert size == key_block(self.T, self.B); return self.nb
+    """Blocks of `size` keys that hold every key the rows attend to (nb, where given, counts blocks of key_block(T, B, row_block))."""
+    if self.nb is not None: assert size == key_block(self.T, self.B, self.row_block); return self.nb
     return (self.starts[0] + self.T + size - 1) // size
   def gather(self, table: Tensor) -> Tensor:
     """table[start_b + t] for every row, (B*T, ...): a slice per sequence at its symbolic start."""
@@ -293,7 +312,7 @@ class Block:
     # rows in the rows' form took 150 us a layer at position 100, their scores 327 us a layer at the prewarm's context
     # (1B, H200, docs/PERF.md twenty-second session)
     matrix = attends_as_matrix(T, B)
-    size = key_block(T, B)
+    size = key_block(T, B, rows.row_block)
     nb = rows.blocks(size)
     # (nb, size, B, 2, kv_heads, head_dim): the whole cache in blocks, then the first nb blocks. Sliced first
     # (nb * size rows) and split into blocks after, every load's index took a modulo by the symbolic length
@@ -318,8 +337,9 @@ class Block:
     exp-weighted sum of V with columns of ones appended (row_columns), which gives the softmax's denominator; then the segments
     are combined, each weighted by exp(its max - the overall max). The probabilities are never written out."""
     B, KV, g, T, D = q.shape
-    S = row_segments(B * T)
-    KB = ROW_BLOCK // S
+    block = kv.shape[1]  # ROW_BLOCK, or SHORT_BLOCK in a short step
+    S = row_segments(B * T, block)
+    KB = block // S
     # (nb, B, kv_heads, S, KB, head_dim): the symbolic block count and the keys of a segment (both reduced) kept apart
     # by the segment axis, so that tinygrad cannot merge them into one symbolic range, which it runs serially. The
     # block count first in every buffer the scores are written to: the context then enters it only as its size, not

@@ -27,6 +27,17 @@ def warm_up(eng, beat=lambda: None, progress: bool = False):
   allow = AllowAll(eng.cfg.vocab_size)
   rounds = [(s, i) for s in (Sampling(), Sampling(1.0, 40, 0.9, 0)) for i in range(2)]  # the second: replays only
   def one_round(s: Sampling):
+    short = eng.short_keys
+    eng.short_keys = 0  # the steps of long contexts first, whatever the positions (a short prompt on the CPU)
+    try: long_round(s)
+    finally: eng.short_keys = short
+    if short:  # then those of short contexts (engine.short_keys): every slot's prompt a few tokens from position 0
+      for B in (1,) + eng.batch_sizes:
+        for slot in range(B): eng.reset(slot); eng.prefill(slot, prompt[slot:slot + 5], s)
+        for _ in range(2): eng.decode(list(range(B)), 2)
+      if getattr(eng, "speculator", None) is not None and hasattr(src := eng.speculator().source, "eng"):
+        src.eng.reset(); src.propose(prompt[:3], 3); src.propose(prompt[:3], 3)
+  def long_round(s: Sampling):
     eng.reset()  # from scratch each time: prefill runs all its chunks
     for _ in eng.generate(prompt, 4, s): pass
     for _ in eng.generate(prompt, 3, s, constraint=allow): pass  # the cached prompt: its last token, then masked decode
@@ -34,8 +45,11 @@ def warm_up(eng, beat=lambda: None, progress: bool = False):
       from orin_llm.engine import VERIFY_SIZES
       for K in VERIFY_SIZES: eng.verify(0, prompt[1:K])
       src = eng.speculator().source
-      if hasattr(src, "eng"):  # a draft model: its prefill and decode steps
-        src.propose(prompt[:9], 3); src.propose(prompt[:3], 3)
+      if hasattr(src, "eng"):  # a draft model: its prefill and decode steps (of long contexts: its own short_keys 0 here)
+        short = src.eng.short_keys
+        src.eng.short_keys = 0
+        try: src.propose(prompt[:9], 3); src.propose(prompt[:3], 3)
+        finally: src.eng.short_keys = short
         drafts.append(src.eng)
     for B in eng.batch_sizes:  # the other slots join slot 0, which keeps its sequence
       for slot in range(1, B): eng.prefill(slot, prompt[slot:slot + 5], s)

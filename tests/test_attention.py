@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
-from orin_llm.model import Block, KV_BLOCK, ROW_BLOCK, SEGMENT, SEGMENTS, kv_capacity, row_columns
+from orin_llm.model import Block, KV_BLOCK, ROW_BLOCK, SHORT_BLOCK, SEGMENT, SEGMENTS, kv_capacity, row_columns
 
 KV, G, D = 2, 3, 16  # kv heads, query heads per kv head, head dim
 
@@ -25,14 +25,14 @@ def reference(q: np.ndarray, cache: np.ndarray, qpos: np.ndarray, slot0: int) ->
         out[b, h, :, t] = (p / p.sum(-1, keepdims=True)) @ v[:, h]
   return out
 
-def run(rng, qpos: np.ndarray, rows: bool, slots: int = 1, slot0: int = 0):
+def run(rng, qpos: np.ndarray, rows: bool, slots: int = 1, slot0: int = 0, block: int = ROW_BLOCK):
   B, T = qpos.shape
   L = kv_capacity(int(qpos.max()) + 1)
   cache = rng.standard_normal((L, slots, 2, KV, D)).astype(np.float16)
   for b in range(B):  # past each sequence's last position: another sequence's values, large enough to show a leak
     cache[qpos[b].max() + 1:, slot0 + b] = (rng.standard_normal(cache[qpos[b].max() + 1:, slot0 + b].shape) * 300).astype(np.float16)
   q = (rng.standard_normal((B, KV, G, T, D)) * 2).astype(np.float32)
-  size = ROW_BLOCK if rows else KV_BLOCK
+  size = block if rows else KV_BLOCK
   nb = (int(qpos.max()) + 1 + size - 1) // size
   kv = Tensor(cache).reshape(-1, size, slots, 2, KV, D)[0:nb, :, slot0:slot0 + B]  # as Block.attention passes it
   pos = Tensor(np.arange(L, dtype=np.int32))
@@ -46,6 +46,16 @@ def run(rng, qpos: np.ndarray, rows: bool, slots: int = 1, slot0: int = 0):
 @pytest.mark.parametrize("length", [1, SEGMENT, SEGMENT + 1, ROW_BLOCK - 1, ROW_BLOCK, ROW_BLOCK + SEGMENT + 3])
 def test_decode_row_split_equals_plain(rng, length):
   run(rng, np.array([[length - 1]]), rows=True, slots=3, slot0=1)
+
+# the short steps' blocks (model.SHORT_BLOCK: 32 segments of 8 keys), at and around their edges and past several
+@pytest.mark.parametrize("length", [1, SEGMENT + 1, SHORT_BLOCK - 1, SHORT_BLOCK, SHORT_BLOCK + 1, 3 * SHORT_BLOCK + SEGMENT + 5])
+def test_decode_row_in_short_blocks_equals_plain(rng, length):
+  run(rng, np.array([[length - 1]]), rows=True, slots=3, slot0=1, block=SHORT_BLOCK)
+
+def test_decode_rows_of_several_sequences_in_short_blocks(rng):
+  n = rng.integers(1, 3 * SHORT_BLOCK, 4)
+  n[0] = 1
+  run(rng, (n - 1).reshape(4, 1), rows=True, slots=4, block=SHORT_BLOCK)
 
 def test_decode_rows_of_several_sequences(rng):
   """A batch: rows of different lengths over the same block count, the short ones with whole segments and blocks

@@ -55,6 +55,27 @@ def test_batch_logits_equal_alone(eng, rng):
   eng.reset(3); eng.prefill(3, prompts[0][:2] + [5])
   assert rel_err(eng.state.logits[0].numpy(), want) < 1e-3
 
+def test_short_steps_equal_long_ones(eng, rng, monkeypatch):
+  """Decode and batch steps in the attention's short blocks (model.SHORT_BLOCK keys, run while every row attends to at
+  most engine.short_keys keys) give the logits of the steps in ROW_BLOCK-key blocks, step by step across the bound,
+  alone and in a batch; the engine ran both kinds."""
+  prompts = [rng.integers(0, VOCAB, n).tolist() for n in (40, int(rng.integers(20, 40)))]
+  feed = rng.integers(0, VOCAB, (12, 2)).tolist()
+  def run(bound: int) -> list:
+    monkeypatch.setattr(eng, "short_keys", bound)
+    eng.reset()
+    for s, p in enumerate(prompts): eng.prefill(s, p)
+    out = []
+    for i, toks in enumerate(feed):
+      slots = [0] if i < 4 else [0, 1]  # slot 0 alone at positions 40..43, then both (slot 0 at 44..51)
+      for s in slots: eng.slots[s].next = toks[s]; eng._copy_in(eng.state.next_tok, s, np.array([toks[s]], np.int32))
+      eng.decode(slots, 1)
+      out.append(eng.state.logits[0:len(slots)].numpy())
+    return out
+  long, short = run(0), run(48)
+  for i, (a, b) in enumerate(zip(short, long)): assert rel_err(a, b) < 1e-4, i
+  assert {"chunk1", "chunk1-short", "batch2", "batch2-short"} <= set(eng.steps.jits)
+
 @pytest.mark.parametrize("sampled", [False, True])
 def test_batch_tokens_equal_alone(eng, rng, sampled):
   """Greedy and sampled generation (noise from each row's seed and position) give the same tokens in a batch as
@@ -329,7 +350,7 @@ def test_one_store_for_the_rows_of_several_sequences(tmp_path, rng, monkeypatch)
     for s, p in enumerate(prompts): e.prefill(s, p)
     for _ in range(3): e.decode([0, 1, 2, 3], 1)  # the third call replays the captured step
     logits[one] = e.state.logits[0:4].numpy()
-    calls = e.steps.jits["batch4"].captured.linear.src  # a graph's calls in its place (scripts/graph_ablation.py)
+    calls = e.steps.jits["batch4-short"].captured.linear.src  # (the short step: positions under model.SHORT_KEYS) a graph's calls in its place (scripts/graph_ablation.py)
     kernels[one] = sum(len(c.src[0].src[0].src) if c.src[0].op is Ops.CUSTOM_FUNCTION and c.src[0].arg == "graph" else 1 for c in calls)
     if one: check_prefilled_together(e, rng, sampled=False)
   assert np.array_equal(logits[1], logits[0])

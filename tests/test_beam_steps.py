@@ -59,7 +59,7 @@ def test_refused():
 def test_every_step_name(monkeypatch):
   """engine.Steps' names: prefill chunks (more than one token) and group steps searched under "prefill", the rest not."""
   from orin_llm import engine, settings
-  names = {"chunk512": True, "chunk16": True, "group4x32": True, "chunk1": False, "batch4": False, "verify8": False,
+  names = {"chunk512": True, "chunk16": True, "group4x32": True, "chunk1": False, "batch4": False, "chunk1-short": False, "batch4-short": False, "verify8": False,
            "choose-one-greedy": False, "choose-batch4-sampled-masked": False, "choose-verify8-greedy": False}
   monkeypatch.setattr(settings, "BEAM_STEPS", "prefill")
   assert {n: engine.searched(n) for n in names} == names

@@ -172,7 +172,7 @@ def test_loaded_steps_that_fail_are_captured_anew(model, tmp_path):
   eng.steps.jits["chunk1"] = Broken()
   warm_up(eng)
   assert not eng.steps_loaded and eng.steps_file == path and path.exists()  # rewritten from the new capture
-  assert len(eng.steps.jits) == 6 and all(not isinstance(j, Broken) and j.captured is not None for j in eng.steps.jits.values())  # with the masked choices
+  assert len(eng.steps.jits) == 7 and all(not isinstance(j, Broken) and j.captured is not None for j in eng.steps.jits.values())  # with the masked choices and the short decode step
 
 def test_steps_file_keyed_by_the_searched_steps(model, tmp_path, monkeypatch):
   """ORIN_LLM_BEAM_STEPS=prefill compiles decode with the hand-coded opts under BEAM > 0: other programs."""
