@@ -4,7 +4,9 @@ prompt, then rounds of 16 decode steps of all B (Engine.decode, as the server's 
 queued ahead), timed on the host. What a batch step costs on the device, to set beside the load bench's aggregate
 (the server's overhead is the difference). Then, for each B, the model step's graph census (its nodes, those whose
 parameters are set again on every call) and the model step and the greedy choice each alone, 200 calls back to back.
-  batch_steps.py MODEL [--context 4352] [--max-batch 8] [--sizes 1,2,4,8] [--rounds 8] [--prompt 16]"""
+--short-keys 512,0: each size timed under each bound of the short steps in turn (Engine.short_keys; one process, so
+the kernels both kinds share compile once; the default: the engine's bound alone).
+  batch_steps.py MODEL [--context 4352] [--max-batch 8] [--sizes 1,2,4,8] [--rounds 8] [--prompt 16] [--short-keys LIST]"""
 import argparse, statistics, time
 import numpy as np
 from orin_llm import settings
@@ -39,10 +41,13 @@ def main():
   ap = argparse.ArgumentParser(); ap.add_argument("model"); ap.add_argument("--context", type=int, default=4352)
   ap.add_argument("--max-batch", type=int, default=8); ap.add_argument("--sizes", default="1,2,4,8")
   ap.add_argument("--rounds", type=int, default=8); ap.add_argument("--prompt", type=int, default=16)
+  ap.add_argument("--short-keys", help="bounds of the short steps to time each size under, comma-separated (default: the engine's)")
   a = ap.parse_args()
   rng = np.random.default_rng()
   eng = Engine(a.model, max_context=a.context, max_batch=a.max_batch)
-  for B in [int(b) for b in a.sizes.split(",")]:
+  bounds = [int(k) for k in a.short_keys.split(",")] if a.short_keys else [eng.short_keys]
+  for B, bound in [(int(b), k) for b in a.sizes.split(",") for k in bounds]:
+    eng.short_keys = bound
     slots = prefill_slots(eng, B, a.prompt, rng)
     eng.decode(slots, HIST, ahead=True)  # compiles (first use) and warms
     times = []
@@ -66,7 +71,7 @@ def main():
       for _ in range(200): fn()
       Device[eng.device].synchronize()
       print(f"  {name} alone: {(time.perf_counter() - st) / 200 * 1e3:.3f} ms a call (200 back to back)")
-    print(f"B={B}: {step * 1e3:.3f} ms a step (median of {a.rounds} rounds of {HIST}; spread "
+    print(f"B={B}{f' short_keys={bound}' if a.short_keys else ''}: {step * 1e3:.3f} ms a step (median of {a.rounds} rounds of {HIST}; spread "
           f"{min(times) / HIST * 1e3:.3f}-{max(times) / HIST * 1e3:.3f}), {B / step:.0f} tokens/s in all", flush=True)
 
 if __name__ == "__main__": main()
