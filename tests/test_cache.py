@@ -184,6 +184,28 @@ def test_requests_after_warm_up_compile_nothing(tiny, tmp_path, rng):
   after = COUNTER.snapshot()
   assert after["misses"] == before["misses"] and after["hits"] == before["hits"], (before, after)
 
+def test_decode_across_the_short_steps_bound_after_warm_up_compiles_nothing(tiny, tmp_path, rng):
+  """The warm-up captures the decode and batch steps of both block sizes (model.SHORT_BLOCK below engine.short_keys,
+  ROW_BLOCK above): a lone sequence and a batch of two whose decoding crosses the bound run only what it compiled."""
+  from orin_llm.engine import Engine
+  from orin_llm.warmup import warm_up
+  from orin_llm import kernel_cache
+  from orin_llm.kernel_cache import COUNTER
+  eng = Engine(tiny, max_context=128, chunk=16, kernel_db=kernel_cache.prepare(tiny, tmp_path), max_batch=2)
+  bound = int(rng.integers(24, 40))
+  eng.short_keys = bound
+  warm_up(eng)
+  before = COUNTER.snapshot()
+  prompts = [rng.integers(0, 2048, int(rng.integers(bound - 12, bound - 2))).tolist() for _ in range(2)]
+  assert len(list(eng.generate(prompts[0], 16))) == 16  # alone: positions from under the bound to past it
+  eng.reset()
+  for s, p in enumerate(prompts): eng.prefill(s, p)
+  for _ in range(4): eng.decode([0, 1], 4)  # together, across it
+  assert min(len(eng.slots[s].cached) for s in range(2)) > bound
+  after = COUNTER.snapshot()
+  assert after["misses"] == before["misses"] and after["hits"] == before["hits"], (before, after)
+  assert {"chunk1", "chunk1-short", "batch2", "batch2-short"} <= set(eng.steps.jits)
+
 @pytest.mark.parametrize("to", ["process", "group"])
 def test_prewarm_stopped_by_sigterm_ends_quietly(tiny, tmp_path, to):
   """SIGTERM in the middle of a BEAM search (`timeout`, `kill`, a stopped unit) ends the prewarm with 143, a line saying
