@@ -244,6 +244,86 @@ def test_short_prompts_that_join_together_prefill_in_one_step():
       assert text == "".join(f"<{p[-1] + 1 + i}>" for i in range(3)), (p, text)
   finally: loop.close()
 
+class AheadEngine(GroupEngine):
+  """GroupEngine whose first tokens can be read ahead (engine.fetch_first_token): the read is on its way for the first
+  `polls` looks (first_token_ready), and the order of the steps and reads is logged."""
+  fetches_ahead = True
+  def __init__(self, polls=3):
+    super().__init__()
+    self.log, self.polls, self.looks, self.fetching = [], polls, 0, None
+  def prefill_chunks(self, slot, toks, sampling):
+    for pos in super().prefill_chunks(slot, toks, sampling):
+      self.log.append(("chunk", slot))
+      yield pos
+  def prefill_together(self, jobs):
+    self.log.append(("together", tuple(sorted(jobs))))
+    return super().prefill_together(jobs)
+  def fetch_first_token(self, slot):
+    self.log.append(("fetch", slot))
+    self.fetching, self.looks = slot, 0
+  def first_token_ready(self):
+    self.looks += 1
+    return self.fetching is None or self.looks > self.polls
+  def first_token(self, slot):
+    self.log.append(("read", slot))
+    self.fetching = None
+    return super().first_token(slot)
+  def decode(self, slots, n, ahead=False):
+    self.log.append(("decode", tuple(slots)))
+    return super().decode(slots, n, ahead)
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_jobs_that_arrive_while_a_first_token_is_read_queue_their_step_behind_it(ahead):
+  """ORIN_LLM_JOIN_AHEAD: a lone job's last chunk has run and its first token's read is queued; two jobs that arrive
+  meanwhile (at the scheduler's first look at the queue) have their group step queued before that token is read and
+  emitted, and their own first tokens are read after it. Without the knob the token is read at once and the step
+  follows. Every job gets its own tokens either way."""
+  loop = asyncio.new_event_loop()
+  try:
+    eng = AheadEngine()
+    sched = W.Scheduler(eng, Tok(), Metrics(), lookahead=2)
+    sched.join_ahead = ahead
+    prompts = [[11] * 4, [21] * 3, [31] * 4]
+    jobs = [W.Job(p, 3, Sampling(), [], loop) for p in prompts]
+    sched.admit(jobs[0])
+    looks = []
+    def join():
+      looks.append(len(eng.log))
+      if len(looks) == 1:
+        for j in jobs[1:]: sched.admit(j)
+      return False
+    sched.tick(waiting=False, join=join)
+    if ahead: want = [("chunk", 0), ("fetch", 0), ("together", (1, 2)), ("read", 0), ("read", 1), ("read", 2), ("decode", (0, 1, 2))]
+    else: want = [("chunk", 0), ("read", 0), ("together", (1, 2)), ("read", 1), ("read", 2), ("decode", (0, 1, 2))]
+    assert eng.log == want, eng.log
+    while sched.busy(): sched.tick(waiting=False, join=lambda: False)
+    loop.run_until_complete(asyncio.sleep(0))
+    for p, j in zip(prompts, jobs):
+      evs = []
+      while not j.events.empty(): evs.append(j.events.get_nowait())
+      assert "".join(e[1] for e in evs if e[0] == "text") == "".join(f"<{p[-1] + 1 + i}>" for i in range(3)), (p, evs)
+  finally: loop.close()
+
+def test_a_first_token_read_ahead_with_nobody_arriving_is_emitted_when_it_comes():
+  """ORIN_LLM_JOIN_AHEAD with no job arriving: the scheduler looks at the queue while the read is on its way (each
+  look a poll of the engine), then emits the token and decodes; nothing else runs in between."""
+  loop = asyncio.new_event_loop()
+  try:
+    eng = AheadEngine(polls=4)
+    sched = W.Scheduler(eng, Tok(), Metrics(), lookahead=2)
+    sched.join_ahead = True
+    job = W.Job([7] * 4, 2, Sampling(), [], loop)
+    sched.admit(job)
+    looks = []
+    sched.tick(waiting=False, join=lambda: looks.append(1) or False)
+    assert eng.log == [("chunk", 0), ("fetch", 0), ("read", 0), ("decode", (0,))], eng.log
+    assert len(looks) == 5, looks  # 4 while the read was on its way, 1 after the chunks
+    loop.run_until_complete(asyncio.sleep(0))
+    evs = []
+    while not job.events.empty(): evs.append(job.events.get_nowait())
+    assert "".join(e[1] for e in evs if e[0] == "text") == "<8><9>", evs
+  finally: loop.close()
+
 def test_jobs_that_arrive_before_the_engine_takes_them_count_free_slots(monkeypatch):
   """queue_size bounds the jobs that wait for a slot: jobs that arrive together while slots are free (before the
   engine thread's next tick takes them) are not refused; the job past free slots + queue_size is, with Retry-After."""
