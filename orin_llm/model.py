@@ -67,11 +67,8 @@ ROW_BLOCK = SEGMENTS * SEGMENT
 SHORT_BLOCK = 32 * SEGMENT
 
 def short_keys(env=os.environ) -> int:
-  """ORIN_LLM_SHORT_KEYS: a whole number of keys, 0 (off) or more (default 512)."""
-  raw = env.get("ORIN_LLM_SHORT_KEYS", "512")
-  if not raw.strip().isdigit():
-    raise OrinError(f"ORIN_LLM_SHORT_KEYS={raw!r}: a whole number of keys is needed (0: off; default 512)")
-  return int(raw)
+  """ORIN_LLM_SHORT_KEYS: a whole number of keys from 0 (off) to 1 << 24 (past any context; default 512)."""
+  return quant.count_knob("ORIN_LLM_SHORT_KEYS", 512, 1 << 24, env)
 SHORT_KEYS = short_keys() if SHORT_BLOCK < ROW_BLOCK else 0
 # The segments' partial sums take (query rows x SEGMENTS x row_columns) floats a layer: 3.3 MB for a verify step of 8
 # rows of the 1B, but 168 MB for 4 prompts of 32 rows prefilled together (Steps.group). Rows past ROW_SEGMENT_BUDGET /

@@ -256,6 +256,14 @@ def test_decode_segments_refuses_what_is_not_a_count(raw):
   with pytest.raises(OrinError, match="ORIN_LLM_DECODE_SEGMENTS"): decode_segments({"ORIN_LLM_DECODE_SEGMENTS": raw})
   assert decode_segments({}) == 128 and decode_segments({"ORIN_LLM_DECODE_SEGMENTS": "32"}) == 32
 
+@pytest.mark.parametrize("raw", ["abc", "-4", "", "8.5", str((1 << 24) + 1)])
+def test_short_keys_refuses_what_is_not_a_bounded_count(raw):
+  """ORIN_LLM_SHORT_KEYS (where the short steps stop): a bound and a one-line error."""
+  from orin_llm.errors import OrinError
+  from orin_llm.model import short_keys
+  with pytest.raises(OrinError, match="ORIN_LLM_SHORT_KEYS"): short_keys({"ORIN_LLM_SHORT_KEYS": raw})
+  assert short_keys({}) == 512 and short_keys({"ORIN_LLM_SHORT_KEYS": "0"}) == 0 and short_keys({"ORIN_LLM_SHORT_KEYS": "1024"}) == 1024
+
 @pytest.mark.parametrize("raw", ["0", "3", "32", "-4", "four", ""])
 def test_chunk_pv_parts_refuses_what_does_not_split_a_block(raw):
   """ORIN_LLM_CHUNK_PV_PARTS (the chunk's product with V in parts, an experiment's knob): a divisor of KV_BLOCK into

@@ -324,6 +324,13 @@ def test_a_first_token_read_ahead_with_nobody_arriving_is_emitted_when_it_comes(
     assert "".join(e[1] for e in evs if e[0] == "text") == "<8><9>", evs
   finally: loop.close()
 
+@pytest.mark.parametrize("raw", ["2", "yes", "-1", "on"])
+def test_join_ahead_refuses_what_is_not_0_or_1(raw):
+  """ORIN_LLM_JOIN_AHEAD (an experiment's knob): 0 or 1, else a one-line error (the server does not start)."""
+  from orin_llm.errors import OrinError
+  with pytest.raises(OrinError, match="ORIN_LLM_JOIN_AHEAD"): W.join_ahead({"ORIN_LLM_JOIN_AHEAD": raw})
+  assert W.join_ahead({}) is False and W.join_ahead({"ORIN_LLM_JOIN_AHEAD": "1"}) is True and W.join_ahead({"ORIN_LLM_JOIN_AHEAD": " 0 "}) is False
+
 def test_jobs_that_arrive_before_the_engine_takes_them_count_free_slots(monkeypatch):
   """queue_size bounds the jobs that wait for a slot: jobs that arrive together while slots are free (before the
   engine thread's next tick takes them) are not refused; the job past free slots + queue_size is, with Retry-After."""

@@ -9,6 +9,7 @@ request's asyncio task through its event loop."""
 from __future__ import annotations
 import asyncio, logging, os, queue, threading, time
 from dataclasses import dataclass, field
+from orin_llm.errors import OrinError
 from orin_llm.sampling import Sampling
 from orin_llm.server.metrics import Metrics
 
@@ -21,7 +22,12 @@ logger = logging.getLogger("orin_llm.server")
 # 1B on an H200) is running when the others arrive, and today the device idles between its end and the others' group
 # step while the host reads the first token, admits them and queues their step (their prompt phase 4.1-4.4 ms against
 # the group step's 3.7-3.9 as the server runs it: docs/PERF.md, forty-fifth and forty-seventh sessions).
-JOIN_AHEAD = os.environ.get("ORIN_LLM_JOIN_AHEAD", "0").strip() == "1"
+def join_ahead(env=os.environ) -> bool:
+  """ORIN_LLM_JOIN_AHEAD: 0 (the default) or 1; anything else is a one-line error when the server starts."""
+  raw = env.get("ORIN_LLM_JOIN_AHEAD", "0").strip()
+  if raw not in ("0", "1"): raise OrinError(f"ORIN_LLM_JOIN_AHEAD={raw!r}: 0 or 1 is needed (default 0)")
+  return raw == "1"
+JOIN_AHEAD = join_ahead()
 JOIN_POLL = 1e-4  # seconds between looks at the queue while a first token is on its way
 
 class StopText:
