@@ -384,7 +384,7 @@ class Engine:
       if not started: self._copy_in(self.state.next_tok, s, np.array([self.slots[s].next], np.int32))
       base = len(self.slots[s].cached)
       # each step of short or long blocks by the keys its row attends to (position + 1)
-      model = lambda p: self.steps.chunk(1, p + 1 <= self.short_keys)(self.v_pos.bind(p), self.v_slot.bind(s), self.v_len.bind(1))
+      model = lambda p: self.steps.chunk(1, self.key_blocks(p + 1)[0])(self.v_pos.bind(p), self.v_slot.bind(s), self.v_len.bind(1))
       for i in range(n):
         if i or not started: model(base + i)
         choose = self.steps.choose("one", greedy_only, self._masks(masks, [s]))
@@ -414,12 +414,18 @@ class Engine:
       c.cached, c.next = c.cached + [c.next] + out[:n - 1, j].tolist(), int(out[n - 1, j])
     return out
 
-  def batch_step(self, pos: list[int]):
-    """Queues the model step of rows 0..B-1 at these positions (B = len(pos), a batch size): of short blocks where
-    every row attends to at most short_keys keys, else of ROW_BLOCK keys, bound to the blocks the longest row needs."""
-    top = max(pos) + 1
+  def key_blocks(self, top: int) -> tuple[bool, int, UOp]:
+    """The attention blocks of a decode or batch step whose longest row attends to `top` keys: (whether the short
+    steps take it, keys per block, a batch step's variable for the count of blocks): SHORT_BLOCK keys while top is at
+    most short_keys, else ROW_BLOCK."""
     short = top <= self.short_keys
-    size, nb = (SHORT_BLOCK, self.v_short_blocks) if short else (ROW_BLOCK, self.v_blocks)
+    return (short, SHORT_BLOCK, self.v_short_blocks) if short else (short, ROW_BLOCK, self.v_blocks)
+
+  def batch_step(self, pos: list[int]):
+    """Queues the model step of rows 0..B-1 at these positions (B = len(pos), a batch size), in the blocks key_blocks
+    gives, bound to those the longest row needs."""
+    top = max(pos) + 1
+    short, size, nb = self.key_blocks(top)
     self.steps.batch(len(pos), short)(*[v.bind(p) for v, p in zip(self.v_rows, pos)], nb.bind((top + size - 1) // size))
 
   def verify(self, slot: int, proposals: list[int]) -> list[int]:

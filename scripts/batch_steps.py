@@ -14,7 +14,6 @@ settings.search_defaults()  # a BEAM run searches as the server does
 from tinygrad import Device
 from tinygrad.engine.realize import graph_cache
 from orin_llm.engine import Engine, HIST
-from orin_llm.model import ROW_BLOCK, SHORT_BLOCK
 
 def prefill_slots(eng, B: int, prompt: int, rng) -> list[int]:
   """Slots 0..B-1 each prefilled with a fresh random prompt of this many tokens (B: 1 or a compiled batch size)."""
@@ -29,10 +28,9 @@ def model_step(eng, B: int):
   pos = [len(eng.slots[s].cached) for s in range(B)]
   if B == 1:
     vals = {eng.v_pos: pos[0], eng.v_slot: 0, eng.v_len: 1}
-    jit = eng.steps.chunk(1, pos[0] + 1 <= eng.short_keys)
+    jit = eng.steps.chunk(1, eng.key_blocks(pos[0] + 1)[0])
   else:
-    short = max(pos) + 1 <= eng.short_keys  # as Engine.batch_step chooses
-    block, nb = (SHORT_BLOCK, eng.v_short_blocks) if short else (ROW_BLOCK, eng.v_blocks)
+    short, block, nb = eng.key_blocks(max(pos) + 1)  # as Engine.batch_step binds them
     vals = dict(zip(eng.v_rows, pos)) | {nb: (max(pos) + block) // block}
     jit = eng.steps.batch(B, short)
   return jit, lambda: jit(*[v.bind(p) for v, p in vals.items()]), {v.expr: p for v, p in vals.items()}
