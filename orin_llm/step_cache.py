@@ -71,7 +71,8 @@ def _opts_env() -> dict:
   tensor-core products', 0032, 0034, 0036: TC_*; the rows over keys, 0033: RED_KEYS; the BEAM search's bounds), which the
   kernel database does not key, the decode attention's segments (model.SEGMENTS), the chunk products' split
   (quant.SPLIT_LEN), the affine form's types, rows and codes (quant.AFFINE, AFFINE_ROWS, ORIN_LLM_AFFINE_MANTISSA), the few rows' tensor-core form
-  (quant.TC_ROWS, its parts, floor and codes: ORIN_LLM_TC_WARPS, ORIN_LLM_TC_MIN_WEIGHTS, ORIN_LLM_TC_PAIRS), the several
+  (quant.TC_ROWS, its parts, floor and codes: ORIN_LLM_TC_WARPS, ORIN_LLM_TC_MIN_WEIGHTS, ORIN_LLM_TC_PAIRS,
+  ORIN_LLM_TC_CHUNK_ROWS), the several
   sequences' one store (model.ONE_STORE: ORIN_LLM_ONE_STORE), the short steps' bound (model.SHORT_KEYS) and the steps BEAM searches
   (settings.BEAM_STEPS): steps compiled under other values
   are other programs."""
@@ -82,6 +83,7 @@ def _opts_env() -> dict:
   env["ORIN_LLM_AFFINE"] = ",".join(sorted(t.name for t in quant.AFFINE))
   env["ORIN_LLM_AFFINE_ROWS"] = str(quant.AFFINE_ROWS if quant.AFFINE else 1)
   env["ORIN_LLM_TC_ROWS"] = str(quant.TC_ROWS)  # the few-row products' fused tensor-core form
+  env["ORIN_LLM_TC_CHUNK_ROWS"] = str(quant.TC_CHUNK_ROWS)  # small chunks without float16 copies in that form
   from orin_llm import model
   env["ORIN_LLM_ONE_STORE"] = str(model.ONE_STORE)  # unset and 1 are the same programs
   env["ORIN_LLM_SHORT_KEYS"] = str(model.SHORT_KEYS)  # whether the warm-up captured the short steps (and up to where they run)

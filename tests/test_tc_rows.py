@@ -139,6 +139,36 @@ def test_one_kernel_with_tensor_cores(qtype, O, K):
   from tinygrad.codegen.opt import KernelOptError
   with pytest.raises(KernelOptError): kernels(qtype, O, K, 8, tc=True, rows_first=True)
 
+def test_chunk_rows_knob(monkeypatch, rng):
+  """quant.TC_CHUNK_ROWS (default MATMUL_ROWS; ORIN_LLM_TC_CHUNK_ROWS): a prefill chunk of at most n rows whose matrix has no float16 copy
+  takes the form (each weight read once from its planes) in place of a dequantized float16 scratch; with a copy, or
+  more rows, or the knob at 0, the chunk's matrix product as before. The form's result for 32 rows against gguf's
+  float64 product; the knob's refusal and its place in the steps file's key."""
+  assert quant.TC_CHUNK_ROWS == quant.MATMUL_ROWS  # the default: the small chunk
+  with pytest.raises(OrinError, match="ORIN_LLM_TC_CHUNK_ROWS"): quant.count_knob("ORIN_LLM_TC_CHUNK_ROWS", 32, 1 << 16, {"ORIN_LLM_TC_CHUNK_ROWS": "-1"})
+  monkeypatch.setattr(quant, "has_tensor_cores", lambda device: device == "CPU")  # as a GPU's renderer would say
+  monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)
+  calls, real = [], quant.tc_product
+  monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype: calls.append(x.shape[0]) or real(x, planes, qtype))
+  O, K, R = 16, 512, quant.MATMUL_ROWS
+  for qt in (QT.Q4_K, QT.Q6_K):
+    raw = random_raw(qt, O, K, rng)
+    qw = QuantWeight.from_raw(raw.reshape(-1), qt, O, K, "CPU")
+    x = rng.normal(size=(R, K)).astype(np.float32)
+    ref = x.astype(np.float64) @ gguf_dequantize(raw.reshape(O, -1), qt).astype(np.float64).T
+    for knob, dense, rows, form in ((0, False, R, False), (R, False, R, True), (R, True, R, False), (R, False, 2 * R, False)):
+      monkeypatch.setattr(quant, "TC_CHUNK_ROWS", knob)
+      qw.dense = None
+      if dense: qw.keep_dense()
+      calls.clear()
+      xs = np.concatenate([x] * (rows // R))
+      y = qw(Tensor(xs, device="CPU")).numpy()
+      assert calls == ([rows] if form else []), (qt, knob, dense, rows)
+      assert np.abs(y[:R] - ref).max() / np.abs(ref).max() < 3e-3
+  from orin_llm import step_cache
+  monkeypatch.setattr(quant, "TC_CHUNK_ROWS", 0)
+  assert step_cache._opts_env()["ORIN_LLM_TC_CHUNK_ROWS"] == "0"
+
 @pytest.mark.parametrize("pairs", [0, 1])
 def test_q6_k_form_takes_consecutive_words(monkeypatch, pairs):
   """Q6_K's 2-bit plane in 16-bit units (quant.py: qh2): the form's product reduces over (words, nibbles) as Q4_K's
