@@ -136,7 +136,6 @@ class Engine:
     self.model = Transformer(self.cfg, self.weights, self.reach, self.device, pad=pad, slots=max_batch)
     self.state = RunState(self.model.capacity, max_batch, self.cfg.vocab_size, self.device, self.group_rows)
     self.io = host_io(self.device)
-    self._fetching: int | None = None  # the slot whose first token fetch_first_token queued the read of (first_token takes it)
     # the model step queued ahead by the last decode(ahead=True), for the next round of the same slots: (slots, batch
     # size, each slot's position and input token); any other step clears it (it writes the logits that step left)
     self._ahead: tuple | None = None
@@ -185,7 +184,6 @@ class Engine:
   # ------------------------------------------------------------------ slots
   def reset(self, slot: int | None = None):
     """Forgets what the slot (default: every slot) holds: its next prompt runs from position 0."""
-    self._settle()
     for i in range(len(self.slots)) if slot is None else [slot]: self.slots[i].cached, self.slots[i].next = [], None
     self._ahead = None
   @property
@@ -211,7 +209,6 @@ class Engine:
 
   def _copy_out(self, buf: Tensor, count: int) -> np.ndarray:
     """The first count elements of a realized state buffer, flat, once the steps queued before have run."""
-    self._settle()
     return self.io.read(buf, count)
 
   def _hist(self, n: int) -> np.ndarray:
@@ -284,39 +281,9 @@ class Engine:
 
   def first_token(self, slot: int) -> int:
     """The token the slot's prefill chose (waits for the device)."""
-    self._settle()
     s = self.slots[slot]
     if s.next is None: s.next = int(self._copy_out(self.state.next_tok, slot + 1)[slot])
     return s.next
-
-  @property
-  def fetches_ahead(self) -> bool:
-    """Whether fetch_first_token lets steps queued after it run before first_token waits (an asynchronous copy
-    ordered with the steps: CUDA, hostio.CudaHostIO); elsewhere it reads at once."""
-    return self.io.asynchronous
-
-  def fetch_first_token(self, slot: int):
-    """Queues the read of the token the slot's prefill chose, so that steps queued after it (other prompts that
-    join meanwhile: the server's scheduler) do not delay it: first_token then waits for this read alone. Those steps
-    may write next_tok (a batch's idle rows choose too), so the read is taken from the copy queued here, before them.
-    One read is outstanding at a time: any other read of the run state waits for it first (_settle)."""
-    self._settle()
-    if self.slots[slot].next is not None: return
-    if not self.io.asynchronous:
-      self.first_token(slot)
-      return
-    self.io.fetch(self.state.next_tok, slot + 1)
-    self._fetching = slot
-
-  def first_token_ready(self) -> bool:
-    """Whether first_token would return without waiting for the device (the fetched read has arrived)."""
-    return self._fetching is None or self.io.ready()
-
-  def _settle(self):
-    """Takes the outstanding first-token read (fetch_first_token), if any, into its slot's host state."""
-    if self._fetching is not None:
-      slot, self._fetching = self._fetching, None
-      self.slots[slot].next = int(self.io.wait()[slot])
 
   def prefill(self, slot: int, tokens: list[int], sampling: Sampling = Sampling(), mask=None) -> int:
     """prefill_chunks run to the end; returns the chosen next token."""
@@ -367,7 +334,6 @@ class Engine:
     from it, unless another step ran in between. Wasted when the next round differs: the keys and values it wrote
     lie past what the slots cache."""
     assert 1 <= n <= HIST and slots and (masks is None or n == 1)
-    self._settle()
     if any(len(self.slots[s].cached) + n > self.max_context for s in slots): raise OrinError("decode past the end of the context")
     assert all(self.slots[s].next is not None for s in slots), "decode needs each slot's last choice (first_token)"
     greedy_only = all(self.slots[s].sampling is None or self.slots[s].sampling.greedy for s in slots)
@@ -434,7 +400,6 @@ class Engine:
     those choices. Returns the tokens chosen up to and including the first that differs from its proposal (all of
     them when every proposal holds): 1 to len(proposals)+1 tokens. The slot then caches its last choice and the
     accepted proposals; what the rejected ones wrote into the cache lies past that and is overwritten later."""
-    self._settle()
     s = self.slots[slot]
     assert s.next is not None and proposals
     pos = len(s.cached)

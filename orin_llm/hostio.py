@@ -3,15 +3,13 @@
   upload(buf, start, values)  buf.flat[start:start+len(values)] = values, behind the steps queued so far
   fetch(buf, count)           buf.flat[:count] as it is once the steps queued so far have run; wait() returns it
   read(buf, count)            fetch and wait at once
-  ready()                     whether wait() would return without waiting for the device
 
 Steps queued between fetch() and wait() may run while the host waits: the engine queues the next decode step before
 it reads this one's tokens, so the device does not idle while the host reads a token, runs the grammar and queues
 the next step (a constrained request reads every token: docs/PERF.md, JSON schema).
 
-HostIO goes through tinygrad's allocator (any device): its wait waits for everything queued, later steps included
-(so those must not write what was fetched: `asynchronous` is False), and each upload of the CUDA allocator takes a
-pinned buffer that is freed only at the next full synchronization.
+HostIO goes through tinygrad's allocator (any device): its wait waits for everything queued, later steps included,
+and each upload of the CUDA allocator takes a pinned buffer that is freed only at the next full synchronization.
 CudaHostIO copies asynchronously through one pinned arena on the default stream, the one tinygrad queues its kernels
 and graphs on, so that the copies keep their place among the steps; wait() waits on an event recorded after the
 fetch's copy, not on the device.
@@ -30,9 +28,6 @@ def _view(buf: Tensor, start: int, count: int):
   return b.view(count, b.dtype, start * b.dtype.itemsize).ensure_allocated()
 
 class HostIO:
-  # whether a fetch copies asynchronously, ordered with the steps: steps queued between fetch() and wait() may then
-  # write buf; here wait() copies once everything queued has run, so they must not (engine.fetch_first_token)
-  asynchronous = False
   def __init__(self): self.pending: tuple | None = None
 
   def upload(self, buf: Tensor, start: int, values: np.ndarray):
@@ -60,10 +55,6 @@ class HostIO:
     self.fetch(buf, count)
     return self.wait()
 
-  def ready(self) -> bool:
-    """Whether wait() would return without waiting for the device."""
-    return True
-
 @dataclass
 class _Fetch:
   addr: int  # where in the arena
@@ -75,7 +66,6 @@ class CudaHostIO(HostIO):
   """Uploads and fetches take their host side from a pinned arena, in order; the arena is reused from its start once
   an event recorded after all of them has passed (each wait; or a full wait on the device when it fills up)."""
   ARENA = 1 << 20
-  asynchronous = True
   def __init__(self, device: str):
     super().__init__()
     from tinygrad.runtime.autogen import cuda
@@ -121,16 +111,6 @@ class CudaHostIO(HostIO):
     self.check(self.cuda.cuMemcpyDtoHAsync_v2(ctypes.c_void_p(addr), self.cuda.CUdeviceptr_v2(v._buf.value), nbytes, None))
     self.check(self.cuda.cuEventRecord(self.event, None))
     self.pending = _Fetch(addr, count, dtype, self.used)
-
-  def ready(self) -> bool:
-    """Whether the pending fetch has arrived: False only while an asynchronous copy is on its way (its event has not
-    passed). A fetch through the allocator's copy (a large one) waits for the device in wait(): polling cannot help."""
-    if not isinstance(self.pending, _Fetch): return True
-    self._ctx()
-    rc = self.cuda.cuEventQuery(self.event)
-    if rc == self.cuda.CUDA_ERROR_NOT_READY: return False
-    self.check(rc)
-    return True
 
   def wait(self) -> np.ndarray:
     if not isinstance(f := self.pending, _Fetch): return super().wait()

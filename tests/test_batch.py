@@ -76,43 +76,6 @@ def test_short_steps_equal_long_ones(eng, rng, monkeypatch):
   for i, (a, b) in enumerate(zip(short, long)): assert rel_err(a, b) < 1e-4, i
   assert {"chunk1", "chunk1-short", "batch2", "batch2-short"} <= set(eng.steps.jits)
 
-class AsyncFetches:
-  """Host copies as hostio.CudaHostIO makes them: a fetch is taken as of the steps queued before it (here at once: the
-  CPU backend runs a step as it is queued) and wait() returns it later; ready() says no the first two times."""
-  asynchronous = True
-  def __init__(self, io): self.io, self.copy, self.polls = io, None, 0
-  def upload(self, buf, start, values): self.io.upload(buf, start, values)
-  def read(self, buf, count): return self.io.read(buf, count)
-  def fetch(self, buf, count): self.copy, self.polls = self.io.read(buf, count), 0
-  def ready(self) -> bool:
-    self.polls += 1
-    return self.polls > 2
-  def wait(self):
-    out, self.copy = self.copy, None
-    return out
-
-def test_first_token_fetched_ahead_of_a_step_that_overwrites_it(eng, rng, monkeypatch):
-  """engine.fetch_first_token (the server's ORIN_LLM_JOIN_AHEAD): a prompt's first token is read from a copy queued
-  after its choice, while what is queued behind it (the group step of prompts that joined, which writes next_tok of
-  every slot it runs, slot 0 an idle row; here also a write of another token there) changes next_tok: first_token
-  gives the token the prompt chose, as a read at once does; any other read of the run state takes it first."""
-  monkeypatch.setattr(eng, "io", AsyncFetches(eng.io))
-  prompts = [rng.integers(0, VOCAB, int(n)).tolist() for n in (rng.integers(5, 30), 3, 4)]
-  eng.reset()
-  want = eng.prefill(0, prompts[0])
-  eng.reset()
-  for _ in eng.prefill_chunks(0, prompts[0]): pass
-  eng.fetch_first_token(0)
-  assert not eng.first_token_ready() and eng.slots[0].next is None
-  eng.prefill_together({1: (prompts[1], Sampling()), 2: (prompts[2], Sampling())})
-  other = (want + 1 + int(rng.integers(0, VOCAB - 1))) % VOCAB
-  eng._copy_in(eng.state.next_tok, 0, np.array([other], np.int32))
-  assert int(eng.state.next_tok.numpy()[0]) == other != want  # a read now would be wrong
-  assert eng.first_token(0) == want
-  eng.fetch_first_token(1)
-  eng.first_token(2)  # another read: the outstanding one is taken first
-  assert eng.slots[1].next is not None and eng._fetching is None
-
 @pytest.mark.parametrize("sampled", [False, True])
 def test_batch_tokens_equal_alone(eng, rng, sampled):
   """Greedy and sampled generation (noise from each row's seed and position) give the same tokens in a batch as

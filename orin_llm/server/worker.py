@@ -7,28 +7,12 @@ first slots, as many as the smallest batch size that holds theirs (engine.prefil
 when the client goes away) is checked between prefill chunks and between decode rounds. Results go back to the
 request's asyncio task through its event loop."""
 from __future__ import annotations
-import asyncio, logging, os, queue, threading, time
+import asyncio, logging, queue, threading, time
 from dataclasses import dataclass, field
-from orin_llm.errors import OrinError
 from orin_llm.sampling import Sampling
 from orin_llm.server.metrics import Metrics
 
 logger = logging.getLogger("orin_llm.server")
-
-# ORIN_LLM_JOIN_AHEAD=1 (an experiment's knob, off until timed on a GPU): a joining job's first token is read
-# asynchronously (engine.fetch_first_token), and while its last chunk runs on the device the scheduler admits the jobs
-# that arrive and queues their first step behind it; the token is emitted once that step is queued, not after it ran.
-# Clients that send together reach the server a fraction of a millisecond apart: the first one's lone chunk (~2.6 ms,
-# 1B on an H200) is running when the others arrive, and today the device idles between its end and the others' group
-# step while the host reads the first token, admits them and queues their step (their prompt phase 4.1-4.4 ms against
-# the group step's 3.7-3.9 as the server runs it: docs/PERF.md, forty-fifth and forty-seventh sessions).
-def join_ahead(env=os.environ) -> bool:
-  """ORIN_LLM_JOIN_AHEAD: 0 (the default) or 1; anything else is a one-line error when the server starts."""
-  raw = env.get("ORIN_LLM_JOIN_AHEAD", "0").strip()
-  if raw not in ("0", "1"): raise OrinError(f"ORIN_LLM_JOIN_AHEAD={raw!r}: 0 or 1 is needed (default 0)")
-  return raw == "1"
-JOIN_AHEAD = join_ahead()
-JOIN_POLL = 1e-4  # seconds between looks at the queue while a first token is on its way
 
 class StopText:
   """Detokenizes a stream of ids and cuts it at the first stop string. Text that might be the start
@@ -110,10 +94,6 @@ class Scheduler:
     self.eng, self.tok, self.m, self.lookahead = engine, tok, metrics, lookahead
     self.spec_factory = getattr(engine, "speculator", None)  # makes a speculative.Speculator (None: the server does not speculate)
     self.runs: dict[int, Run] = {}
-    # a job whose first token is being read (engine.fetch_first_token): emitted once the steps of the jobs that joined
-    # behind it are queued (_emit_fetched)
-    self.fetched: Run | None = None
-    self.join_ahead = JOIN_AHEAD and getattr(engine, "fetches_ahead", False)
     from orin_llm.engine import SMALL_CHUNK_MAX  # here: the engine (tinygrad) is imported once the settings are applied
     self.long_chunk = SMALL_CHUNK_MAX
 
@@ -142,12 +122,6 @@ class Scheduler:
     chunks (4 clients: time to the first token 24.9 ms at the median against 5.5 alone, 1B on an H200)."""
     for r in list(self.runs.values()):
       if r.job.cancelled.is_set(): self._finish(r, "cancelled")
-    said = {"waiting": waiting}
-    def joined() -> bool:
-      """join(): admits the jobs queued since; whether any did."""
-      n = len(self.runs)
-      said["waiting"] = join()
-      return len(self.runs) > n
     ran, long = set(), False
     while not long:
       joining = sorted((r for r in self.runs.values() if r.prefill is not None and r not in ran), key=lambda r: r.job.arrived)
@@ -157,24 +131,18 @@ class Scheduler:
         ran.update(together)
         self._prefill_together(together)
         joining = [r for r in joining if r not in together]
-      arrived = False
       for r in joining:  # a chunk each, oldest first; a prompt's last chunk also queues the choice of its first token
         ran.add(r)
         before = len(self.eng.slots[r.slot].cached)
         next(r.prefill, None)
-        self._emit_fetched()  # a job before it whose token was read while this chunk was queued behind its own
         done = len(self.eng.slots[r.slot].cached)
         if done == len(r.job.prompt):
           r.prefill = None
-          if self.join_ahead and join is not None: arrived = self._first_ahead(r, joined)
-          else: self._emit(r, [self.eng.first_token(r.slot)])  # read at once: each joining job's first token as soon as it is chosen
+          self._emit(r, [self.eng.first_token(r.slot)])  # read at once: each joining job's first token as soon as it is chosen
         if done - before > self.long_chunk:  # a long chunk ran (~28 ms, 1B on an H100): the generating slots go next
           long = True
           break
-        if arrived: break  # jobs joined while the chunk ran: their steps are queued next, behind it
-      if join is not None and not arrived: joined()
-    self._emit_fetched()
-    waiting = said["waiting"]
+      if join is not None: waiting = join()
     gen = [r for r in self.runs.values() if r.prefill is None]
     if not gen: return
     busy = waiting or any(r.prefill is not None for r in self.runs.values())
@@ -202,23 +170,6 @@ class Scheduler:
     self.m.step_seconds.observe((time.monotonic() - t0) / n)
     if len(gen) == 1 and gen[0].spec is not None: gen[0].spec.rested(n)
 
-  def _first_ahead(self, r: Run, joined) -> bool:
-    """r's prompt has run: its first token's read is queued, and until it arrives the queue is watched. Whether jobs
-    joined meanwhile: then r's token is emitted once their first step is queued (_emit_fetched), else now."""
-    self.eng.fetch_first_token(r.slot)
-    self.fetched = r
-    while not self.eng.first_token_ready():
-      if joined(): return True
-      time.sleep(JOIN_POLL)
-    self._emit_fetched()
-    return False
-
-  def _emit_fetched(self):
-    """Emits the first token of the job whose read _first_ahead queued (waiting for it, if it has not arrived)."""
-    if (r := self.fetched) is None: return
-    self.fetched = None
-    if self.runs.get(r.slot) is r: self._emit(r, [self.eng.first_token(r.slot)])
-
   def _together(self, joining: list[Run]) -> list[Run]:
     """The joining runs that take one step together (engine.prefill_together): two or more whose prompts have at most
     long_chunk tokens left to run (longer ones start alone, in long chunks), unconstrained (a constrained job's first
@@ -230,7 +181,6 @@ class Scheduler:
 
   def _prefill_together(self, runs: list[Run]):
     got = self.eng.prefill_together({r.slot: (r.job.prompt, r.job.sampling) for r in runs})
-    self._emit_fetched()  # read while this step was queued behind its chunk
     for r in runs:
       if got[r.slot] == len(r.job.prompt):
         r.prefill = None
@@ -299,7 +249,6 @@ class Scheduler:
 
   def fail(self, e: Exception):
     """An engine failure fails the requests it was running, not the server; the slots start afresh."""
-    self.fetched = None
     for r in list(self.runs.values()):
       r.job.emit("error", f"generation failed: {type(e).__name__}: {e}")
       del self.runs[r.slot]
