@@ -441,7 +441,7 @@ def takes_tc(qtype: QT, rows, weights: int, device, chunk: bool = False) -> bool
 # 5.1 -> 3.4 ms; with its copies kept ~2.4 ms a chunk), decode unchanged (H100, BEAM=0, one process each, forty-eighth
 # session, docs/PERF.md). The 8B Q4_K_M's pp32 had run 1098 tok/s (29.1 ms a 32-row chunk, llama.cpp FA=1 3050) the
 # scratch's way; with the form, unmeasured. Larger chunks (512, several prompts together) keep the scratch: its cost
-# is shared by their rows. ORIN_LLM_TC_CHUNK_ROWS=n (an experiment's knob, 0 off; part of the steps file's key).
+# is shared by their rows. ORIN_LLM_TC_CHUNK_ROWS=n (0: every chunk the scratch's way; part of the steps file's key).
 TC_CHUNK_ROWS = count_knob("ORIN_LLM_TC_CHUNK_ROWS", MATMUL_ROWS, 1 << 16)
 
 def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
@@ -570,7 +570,7 @@ class QuantWeight:
     is made just before its product and the JIT's memory planner reuses one scratch for every matrix; unordered,
     every dequantization depends on weights alone, the scheduler ran them all up front and the prefill step
     held the whole model in float16 (1B: 1.9 GB). With a float16 copy kept (dense) that copy is the
-    matrix: no dequantization in the step."""
+    matrix: no dequantization in the step. Without one, a chunk of at most TC_CHUNK_ROWS rows takes tc_product's form."""
     if as_matrix(x.shape[0]) and not (self.dense is None and x.shape[0] <= TC_CHUNK_ROWS and self.tc(x, chunk=True)):
       x16 = x.cast(dtypes.float16).contiguous()
       if self.dense is not None: w = self.dense
