@@ -428,11 +428,11 @@ PAIR_TYPES = (QT.Q4_K, QT.Q6_K, QT.Q4_0, QT.Q4_1)  # q4 words, and Q6_K's units:
 # types are unmeasured.
 TC_TYPES = {QT.Q4_K: 0, QT.Q6_K: 4 if TC_PAIRS else 8}
 
-def takes_tc(qtype: QT, rows, weights: int, device, chunk: bool = False) -> bool:
+def takes_tc(qtype: QT, rows, weights: int, device) -> bool:
   """Whether a product of this many input rows (an int: a step's constant) over a matrix of this type and size takes
-  tc_product's form (chunk: a prefill chunk's rows, at most TC_CHUNK_ROWS, the caller's test)."""
+  tc_product's form."""
   return bool(TC_ROWS) and isinstance(rows, int) and qtype in TC_TYPES and rows >= max(TC_ROWS, TC_TYPES[qtype]) and \
-    (chunk or not as_matrix(rows)) and weights >= TC_MIN_WEIGHTS and has_tensor_cores(device)
+    weights >= TC_MIN_WEIGHTS and has_tensor_cores(device)
 
 # A prefill chunk of at most TC_CHUNK_ROWS rows (as_matrix: the small chunk of short prompts and of a prompt's tail)
 # whose matrix has no float16 copy (prefill_copy_mb too small for the model: on an H100 at the default 8192 MiB the 8B
@@ -554,10 +554,10 @@ class QuantWeight:
   def affine(self, x: Tensor) -> bool:
     """Whether the product with x runs in the affine form (at most AFFINE_ROWS rows, of a type in AFFINE)."""
     return isinstance(x.shape[0], int) and x.shape[0] <= AFFINE_ROWS and self.qtype in AFFINE
-  def tc(self, x: Tensor, chunk: bool = False) -> bool:
-    """Whether the product with x runs in tc_product's form (which writes x's float16 copy in a kernel of its own);
-    chunk: a prefill chunk's rows (TC_CHUNK_ROWS), for which the rows' bound below MATMUL_ROWS does not hold."""
-    return takes_tc(self.qtype, x.shape[0], self.rows * self.cols, x.device, chunk)
+  def tc(self, x: Tensor) -> bool:
+    """Whether the product with x runs in tc_product's form (which writes x's float16 copy in a kernel of its own),
+    where it is not a prefill chunk's (as_matrix: the float16 matrix, except as TC_CHUNK_ROWS says)."""
+    return takes_tc(self.qtype, x.shape[0], self.rows * self.cols, x.device)
   def rows_of(self, idx: Tensor) -> Tensor:
     """Dequantized rows idx (an int tensor of any shape) -> (*idx.shape, cols): the embedding lookup."""
     return dequantize({k: p[idx] for k, p in self.planes.items()}, self.qtype)
@@ -571,7 +571,7 @@ class QuantWeight:
     every dequantization depends on weights alone, the scheduler ran them all up front and the prefill step
     held the whole model in float16 (1B: 1.9 GB). With a float16 copy kept (dense) that copy is the
     matrix: no dequantization in the step. Without one, a chunk of at most TC_CHUNK_ROWS rows takes tc_product's form."""
-    if as_matrix(x.shape[0]) and not (self.dense is None and x.shape[0] <= TC_CHUNK_ROWS and self.tc(x, chunk=True)):
+    if as_matrix(x.shape[0]) and not (self.dense is None and x.shape[0] <= TC_CHUNK_ROWS and self.tc(x)):
       x16 = x.cast(dtypes.float16).contiguous()
       if self.dense is not None: w = self.dense
       else:
@@ -582,7 +582,7 @@ class QuantWeight:
       L = self.cols // S
       xs, ws = x16.reshape(-1, S, L).permute(1, 0, 2), w.reshape(self.rows, S, L).permute(1, 2, 0)
       return xs.matmul(ws, dtype=dtypes.float32).contiguous().sum(0)
-    if self.tc(x, chunk=True): return tc_product(x, self.planes, self.qtype)
+    if self.tc(x): return tc_product(x, self.planes, self.qtype)
     if self.affine(x):
       return (mantissa_product if AFFINE_MANTISSA and self.qtype in MANTISSA_TYPES else affine_product)(x, self.planes, self.qtype)
     return (x.unsqueeze(-2) * self.weights()).sum(-1)
