@@ -258,9 +258,13 @@ class Fused:
       n = next(n for n in range(len(members), 0, -1) if prefix + run_name(name, members[:n]) + ".weight" in w)
       self.parts.append(w[prefix + run_name(name, members[:n]) + ".weight"])
       members = members[n:]
-  def __call__(self, x: Tensor) -> list[Tensor]:
+  def __call__(self, x: Tensor, apart: bool = False) -> list[Tensor]:
+    """apart: with quant.SPLIT_SUMS, the tensor-core form sums each member's parts apart, for a next kernel that reads
+    each member's outputs once (SiLU(gate) * up). Not Q+K+V: the query's and key's rotation read each output twice,
+    and tinygrad wrote their sums in kernels of their own (rendered for sm_90: 3 kernels became 4)."""
     out = []
     for wt in self.parts:
+      if apart and quant.SPLIT_SUMS and wt.splits and wt.tc_form(x): out += wt.members(x); continue
       y = wt(x)
       # a part of several in the affine form gets a kernel of its own: alone (Q4_K_M's Q6_K attn_v beside attn_q+attn_k),
       # tinygrad fused it into the kernel storing the keys and values, which tinygrad's heuristic (patch 0039) does not lay
@@ -412,7 +416,7 @@ class Block:
 
   def __call__(self, x: Tensor, rows: Rows, rope: Tensor, pos: Tensor) -> Tensor:
     h = x + self.attention(x, rows, rope, pos)
-    gate, up = self.gate_up(rms_norm(h, self.ffn_norm, self.cfg.norm_eps))
+    gate, up = self.gate_up(rms_norm(h, self.ffn_norm, self.cfg.norm_eps), apart=True)
     # SiLU(gate) * up computed once into a buffer: inside the down projection every thread's rows recomputed it
     # (an exp and a reciprocal per element and row group, which made that matvec compute-bound on the H200). A prefill
     # chunk's product makes its float16 input itself (quant: the matrix form), here computed in that same kernel: written

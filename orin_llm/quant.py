@@ -444,7 +444,7 @@ def takes_tc(qtype: QT, rows, weights: int, device) -> bool:
 # is shared by their rows. ORIN_LLM_TC_CHUNK_ROWS=n (0: every chunk the scratch's way; part of the steps file's key).
 TC_CHUNK_ROWS = count_knob("ORIN_LLM_TC_CHUNK_ROWS", MATMUL_ROWS, 1 << 16)
 
-def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
+def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT, members: tuple[int, ...] = ()) -> Tensor | list[Tensor]:
   """x (T, I) @ W.T in one kernel that tensor cores can take: W in float16, computed from its pieces cast to float16
   (u*a + b). The pieces, not the dequantized float32 W, are cast: a cast of W (an elementwise node between the rows'
   broadcast and a computation reading more than 3 buffers) made tinygrad write W to memory in a kernel of its own
@@ -452,7 +452,9 @@ def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
   W is the multiply's first operand, so that tinygrad puts its rows on the tensor core's 16-wide side and the input's
   on the 8-wide one. Rounding: a and b once each to float16, then their product and sum in float16 (the prefill's
   float16 copies round W once); sums in float32. A group scale under float16's normal range (~6e-5: weights under
-  ~1e-3) keeps fewer bits than W's own rounding would."""
+  ~1e-3) keeps fewer bits than W's own rounding would.
+  members (the row counts of the matrices W stacks, QuantWeight.splits): the list of their products, each member's
+  parts summed apart (SPLIT_SUMS)."""
   u, a, b, G = affine(planes, qtype)
   (O, I), T, S = u.shape, x.shape[0], tc_parts(u.shape[1], u.shape[0])
   # the reduction in S parts side by side (S times the warps: a warp takes 16 weight rows, and the 1B's Q/K/V has 192
@@ -467,7 +469,18 @@ def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT) -> Tensor:
   # 16 from 8, half its lanes idle: 80 us in the step where one sum took 36; H200, thirty-fifth session)
   x16 = pair_order(x.cast(dtypes.float16)) if pairs else x.cast(dtypes.float16)  # (the groups' scales are in whole words)
   y = (w * x16.contiguous().reshape(T, 1, S, I // S)).sum(-1, dtype=dtypes.float32)  # (T, O, S)
-  return y.reshape(T, O) if S == 1 else y.contiguous().sum(-1)
+  if S == 1: y = y.reshape(T, O)
+  elif members: return [m.sum(-1) for m in y.contiguous().split(list(members), dim=1)]
+  else: y = y.contiguous().sum(-1)
+  return y.split(list(members), dim=-1) if members else y
+
+# The parts' sums of a fused weight's members apart (ORIN_LLM_SPLIT_SUMS=1; an experiment's knob, off by default; part
+# of the steps file's key; model.Fused's apart: gate+up). Summed whole, gate+up's parts took a kernel of their own
+# before SiLU(gate) * up: tinygrad realizes a sum whose output is read through slices. Summed apart, each member's sum
+# is one more reduction in the kernel that reads it (rendered for sm_90: the 8B's 8-row gate+up parts' sum and SiLU *
+# up, r_1792_32_4_4 and E_8_112_16_4_2, one kernel r_8_112_16_4_2_4_4; 4 rows: the same). The 8B Q4_K_M's verify8
+# step spent 82 us of its 5.56 ms on those sums (32 kernels; H100, docs/PERF.md, forty-ninth session).
+SPLIT_SUMS = count_knob("ORIN_LLM_SPLIT_SUMS", 0, 1)
 
 # tc_product's parts: each at least TC_PART_LEN long, so that the parts' float32 sums (4 bytes a row and weight row a
 # part) stay a few percent of the weights' bytes (~0.56 a weight for Q4_K): 8 rows, Q4_K, parts of 1024: 5.6%
@@ -558,6 +571,15 @@ class QuantWeight:
     """Whether the product with x runs in tc_product's form (which writes x's float16 copy in a kernel of its own),
     where it is not a prefill chunk's (as_matrix: the float16 matrix, except as TC_CHUNK_ROWS says)."""
     return takes_tc(self.qtype, x.shape[0], self.rows * self.cols, x.device)
+  def tc_form(self, x: Tensor) -> bool:
+    """Whether __call__ takes tc_product's form: tc, where x is not a prefill chunk, or a chunk of at most
+    TC_CHUNK_ROWS rows and no float16 copy."""
+    return self.tc(x) and (not as_matrix(x.shape[0]) or (self.dense is None and x.shape[0] <= TC_CHUNK_ROWS))
+  def members(self, x: Tensor) -> list[Tensor]:
+    """x @ W.T of each matrix this weight stacks (splits), in order: with SPLIT_SUMS, tc_product's form sums each
+    member's parts apart; else the product's output split."""
+    if SPLIT_SUMS and self.tc_form(x): return tc_product(x, self.planes, self.qtype, self.splits)
+    return self(x).split(list(self.splits), dim=-1)
   def rows_of(self, idx: Tensor) -> Tensor:
     """Dequantized rows idx (an int tensor of any shape) -> (*idx.shape, cols): the embedding lookup."""
     return dequantize({k: p[idx] for k, p in self.planes.items()}, self.qtype)
@@ -571,7 +593,8 @@ class QuantWeight:
     every dequantization depends on weights alone, the scheduler ran them all up front and the prefill step
     held the whole model in float16 (1B: 1.9 GB). With a float16 copy kept (dense) that copy is the
     matrix: no dequantization in the step. Without one, a chunk of at most TC_CHUNK_ROWS rows takes tc_product's form."""
-    if as_matrix(x.shape[0]) and not (self.dense is None and x.shape[0] <= TC_CHUNK_ROWS and self.tc(x)):
+    if self.tc_form(x): return tc_product(x, self.planes, self.qtype)
+    if as_matrix(x.shape[0]):
       x16 = x.cast(dtypes.float16).contiguous()
       if self.dense is not None: w = self.dense
       else:
@@ -582,7 +605,6 @@ class QuantWeight:
       L = self.cols // S
       xs, ws = x16.reshape(-1, S, L).permute(1, 0, 2), w.reshape(self.rows, S, L).permute(1, 2, 0)
       return xs.matmul(ws, dtype=dtypes.float32).contiguous().sum(0)
-    if self.tc(x): return tc_product(x, self.planes, self.qtype)
     if self.affine(x):
       return (mantissa_product if AFFINE_MANTISSA and self.qtype in MANTISSA_TYPES else affine_product)(x, self.planes, self.qtype)
     return (x.unsqueeze(-2) * self.weights()).sum(-1)

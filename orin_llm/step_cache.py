@@ -72,7 +72,7 @@ def _opts_env() -> dict:
   kernel database does not key, the decode attention's segments (model.SEGMENTS), the chunk products' split
   (quant.SPLIT_LEN), the affine form's types, rows and codes (quant.AFFINE, AFFINE_ROWS, ORIN_LLM_AFFINE_MANTISSA), the few rows' tensor-core form
   (quant.TC_ROWS, its parts, floor and codes: ORIN_LLM_TC_WARPS, ORIN_LLM_TC_MIN_WEIGHTS, ORIN_LLM_TC_PAIRS,
-  ORIN_LLM_TC_CHUNK_ROWS), the several
+  ORIN_LLM_TC_CHUNK_ROWS, ORIN_LLM_SPLIT_SUMS), the several
   sequences' one store (model.ONE_STORE: ORIN_LLM_ONE_STORE), the short steps' bound (model.SHORT_KEYS) and the steps BEAM searches
   (settings.BEAM_STEPS): steps compiled under other values
   are other programs."""
@@ -84,6 +84,7 @@ def _opts_env() -> dict:
   env["ORIN_LLM_AFFINE_ROWS"] = str(quant.AFFINE_ROWS if quant.AFFINE else 1)
   env["ORIN_LLM_TC_ROWS"] = str(quant.TC_ROWS)  # the few-row products' fused tensor-core form
   env["ORIN_LLM_TC_CHUNK_ROWS"] = str(quant.TC_CHUNK_ROWS)  # small chunks without float16 copies in that form
+  env["ORIN_LLM_SPLIT_SUMS"] = str(quant.SPLIT_SUMS)  # a fused weight's members' parts summed apart
   from orin_llm import model
   env["ORIN_LLM_ONE_STORE"] = str(model.ONE_STORE)  # unset and 1 are the same programs
   env["ORIN_LLM_SHORT_KEYS"] = str(model.SHORT_KEYS)  # whether the warm-up captured the short steps (and up to where they run)

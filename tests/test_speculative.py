@@ -59,14 +59,15 @@ def test_greedy_output_is_the_plain_paths(models, rng, source):
   assert sp.steps > 0, sp.stats()
   if source != "draft-other": assert sp.accepted > 0, sp.stats()  # verify steps accepted something
 
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
-def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch, qtype):
+@pytest.mark.parametrize("qtype,split_sums", [(QT.Q4_K, 0), (QT.Q6_K, 0), (QT.Q4_K, 1)], ids=["Q4_K", "Q6_K", "Q4_K-split-sums"])
+def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch, qtype, split_sums):
   """ORIN_LLM_TC_ROWS=2 (quant.tc_product: a verify step's Q4_K products, and Q6_K's from 4 rows, with float16 weights,
   decode's in float32): greedy output with n-gram proposals is still the plain path's, up to near ties; the form did
   run inside verify steps, Q6_K's only in those of its floor's rows or more (quant.TC_TYPES). Both paths prefill with the knob on (chunks
   of 8 rows take the form too): verify is checked against decode. On the CPU, which has no tensor cores, the form's
-  arithmetic is what runs, not its kernels' layout."""
+  arithmetic is what runs, not its kernels' layout. ORIN_LLM_SPLIT_SUMS=1: gate+up's members summed apart."""
   from orin_llm import quant
+  monkeypatch.setattr(quant, "SPLIT_SUMS", split_sums)
   monkeypatch.setattr(quant, "TC_ROWS", 2)
   monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)  # the tiny model's matrices are all under the floor
   monkeypatch.setattr(quant, "has_tensor_cores", lambda device: True)  # the CPU's renderer has none
@@ -74,7 +75,8 @@ def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch, qty
   eng = Engine(path, max_context=160, chunk=8)
   # the form's products built inside verify steps (prompt chunks of 8 rows take it too)
   calls, real, verifying = [], quant.tc_product, []
-  monkeypatch.setattr(quant, "tc_product", lambda x, p, q: (verifying and calls.append(x.shape[0])) or real(x, p, q))
+  members = []  # the products that summed their members apart (split_sums)
+  monkeypatch.setattr(quant, "tc_product", lambda x, p, q, m=(): (verifying and calls.append(x.shape[0])) or (m and members.append(m)) or real(x, p, q, m))
   real_verify = eng.verify
   def verify(*a, **k):
     verifying.append(1)
@@ -89,6 +91,8 @@ def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch, qty
   same_but_for_ties(eng, prompt, got, want)
   assert calls and sp.accepted > 0, (calls, sp.stats())
   assert min(calls) >= max(2, quant.TC_TYPES[qtype]), calls  # under its type's floor, one sum
+  assert bool(members) == bool(split_sums), members  # gate+up's two members, where the knob is on
+  assert all(len(m) == 2 for m in members), members
 
 @pytest.mark.parametrize("matrix_rows,merged", [(None, 0), (32, 0), (None, 8)])
 def test_greedy_output_with_each_verify_attention(tmp_path, rng, monkeypatch, matrix_rows, merged):

@@ -321,3 +321,37 @@ def test_the_ffn_activation_goes_to_the_form_in_float16_only(tmp_path, rng, monk
     return sum(b[0] == act and sums in b[1:] for b in calls)
   assert made_from_sums(4, (R * F, dtypes.float16)) == shape.n_layers  # the form: straight to float16
   assert made_from_sums(0, (R * F, dtypes.float32)) == shape.n_layers  # one sum: the float32 buffer
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
+def test_split_sums(qtype, monkeypatch, rng):
+  """quant.SPLIT_SUMS (ORIN_LLM_SPLIT_SUMS, off by default): gate+up in the tensor-core form, each member's parts summed
+  apart, so that SiLU(gate) * up adds them in its own kernel: one kernel fewer than the parts' sum written out first,
+  the same act as gguf's float64 products give (gate and up in their order); Q+K+V (apart off) as before; the knob in
+  the steps file's key."""
+  from tinygrad.uop.ops import Ops
+  from orin_llm import step_cache
+  from orin_llm.model import Fused
+  monkeypatch.setattr(quant, "has_tensor_cores", lambda device: device == "CPU")  # as a GPU's renderer would say
+  monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)
+  F, K, R = 16, 2048, 8
+  assert quant.tc_parts(K, 2 * F) > 1  # parts to sum
+  raws = [random_raw(qtype, F, K, rng) for _ in range(2)]
+  qw = QuantWeight.from_raw(np.concatenate(raws).reshape(-1), qtype, 2 * F, K, "CPU")
+  qw.splits = (F, F)
+  x = (0.05 * rng.normal(size=(R, K))).astype(np.float32)  # gate's outputs around SiLU's bend (a few units)
+  g, u = (x.astype(np.float64) @ gguf_dequantize(r.reshape(F, -1), qtype).astype(np.float64).T for r in raws)
+  ref = g / (1 + np.exp(-g)) * u
+  fused = Fused({"blk.0.ffn_gate_up.weight": qw}, "blk.0.", "ffn_gate_up")
+  kernels = lambda t: sum(c.op is Ops.CALL and c.src[0].op is Ops.SINK for c in t.linear_with_vars()[0].src)
+  got = {}
+  for knob, apart in ((0, True), (1, True), (1, False)):
+    monkeypatch.setattr(quant, "SPLIT_SUMS", knob)
+    act = lambda: (lambda gate, up: (gate.silu() * up).contiguous())(*fused(Tensor(x, device="CPU"), apart=apart))
+    y = act().numpy()
+    got[knob, apart] = kernels(act())  # scheduled only, after the run (scheduled first, the run read zeros)
+    assert np.abs(y - ref).max() / np.abs(ref).max() < 3e-3, (knob, apart)
+  # x in float16, the product's parts, their sum, SiLU * up; summed apart: the sum inside SiLU * up's kernel
+  assert got == {(0, True): 4, (1, True): 3, (1, False): 4}, got
+  assert quant.SPLIT_SUMS == 1 and step_cache._opts_env()["ORIN_LLM_SPLIT_SUMS"] == "1"
+  monkeypatch.setattr(quant, "SPLIT_SUMS", 0)
+  assert step_cache._opts_env()["ORIN_LLM_SPLIT_SUMS"] == "0"
