@@ -92,7 +92,7 @@ def main():
     def ver(K):
       eng.slots[0].cached, eng.slots[0].next = eng.slots[0].cached[:base], prompt[0]
       eng.verify(0, prompt[1:K])
-    # the steps in turn, a.rounds times: a drift of the clock shows in every step's range, not in their ratio
+    # the steps in turn, round after round: a drift between rounds moves every step, not one step against another
     fns = {"decode": one} | {f"verify{K}": (lambda K=K: ver(K)) for K in VERIFY_SIZES}
     runs = {k: [] for k in fns}
     for _ in range(max(1, a.rounds)):
@@ -100,7 +100,7 @@ def main():
     cost = {k: float(np.median(v)) for k, v in runs.items()}
     res["step_ms"][depth] = {k: v * 1e3 for k, v in cost.items()}
     res.setdefault("step_ms_range", {})[depth] = {k: [min(v) * 1e3, max(v) * 1e3] for k, v in runs.items()}
-    print(f"step cost at depth {depth} (ms, host reads included; median of {a.rounds} [range]): " + ", ".join(
+    print(f"step cost at depth {depth} (ms, host reads included; median of {len(runs['decode'])} [range]): " + ", ".join(
       f"{k} {v * 1e3:.2f} [{min(runs[k]) * 1e3:.2f}, {max(runs[k]) * 1e3:.2f}] ({v / cost['decode']:.2f}x)" for k, v in cost.items()), flush=True)
   keep_steps(eng)
   if a.json:
