@@ -439,9 +439,9 @@ def takes_tc(qtype: QT, rows, weights: int, device) -> bool:
 # Q4_K_M's 13 GB of copies) takes tc_product's form, reading the planes once, in place of dequantizing every matrix into
 # a float16 scratch before its product. The 1B Q6_K with `--prefill-copy-mb 0`, pp32 6215 -> 9335 tok/s (first token
 # 5.1 -> 3.4 ms; with its copies kept ~2.4 ms a chunk), decode unchanged (H100, BEAM=0, one process each, forty-eighth
-# session, docs/PERF.md). The 8B Q4_K_M's pp32 had run 1098 tok/s (29.1 ms a 32-row chunk, llama.cpp FA=1 3050) the
-# scratch's way; with the form, unmeasured. Larger chunks (512, several prompts together) keep the scratch: its cost
-# is shared by their rows. ORIN_LLM_TC_CHUNK_ROWS=n (0: every chunk the scratch's way; part of the steps file's key).
+# session, docs/PERF.md). The 8B Q4_K_M's pp32 1098 -> 2147 tok/s (first token 29.1 -> 14.9 ms; llama.cpp FA=1 2900;
+# forty-ninth session). Larger chunks (512, several prompts together) keep the scratch, whose cost is shared by their
+# rows: the 8B's pp512 with the form for 512-row chunks was 3187 tok/s against the scratch's 7345 (same call). ORIN_LLM_TC_CHUNK_ROWS=n (0: every chunk the scratch's way; part of the steps file's key).
 TC_CHUNK_ROWS = count_knob("ORIN_LLM_TC_CHUNK_ROWS", MATMUL_ROWS, 1 << 16)
 
 def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT, members: tuple[int, ...] = ()) -> Tensor | list[Tensor]:
@@ -469,9 +469,8 @@ def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT, members: tuple[i
   # 16 from 8, half its lanes idle: 80 us in the step where one sum took 36; H200, thirty-fifth session)
   x16 = pair_order(x.cast(dtypes.float16)) if pairs else x.cast(dtypes.float16)  # (the groups' scales are in whole words)
   y = (w * x16.contiguous().reshape(T, 1, S, I // S)).sum(-1, dtype=dtypes.float32)  # (T, O, S)
-  if S == 1: y = y.reshape(T, O)
-  elif members: return [m.sum(-1) for m in y.contiguous().split(list(members), dim=1)]
-  else: y = y.contiguous().sum(-1)
+  if S > 1 and members: return [m.sum(-1) for m in y.contiguous().split(list(members), dim=1)]  # each member's parts apart
+  y = y.reshape(T, O) if S == 1 else y.contiguous().sum(-1)
   return y.split(list(members), dim=-1) if members else y
 
 # The parts' sums of a fused weight's members apart (ORIN_LLM_SPLIT_SUMS=1; an experiment's knob, off by default; part
@@ -568,18 +567,17 @@ class QuantWeight:
     """Whether the product with x runs in the affine form (at most AFFINE_ROWS rows, of a type in AFFINE)."""
     return isinstance(x.shape[0], int) and x.shape[0] <= AFFINE_ROWS and self.qtype in AFFINE
   def tc(self, x: Tensor) -> bool:
-    """Whether the product with x runs in tc_product's form (which writes x's float16 copy in a kernel of its own),
-    where it is not a prefill chunk's (as_matrix: the float16 matrix, except as TC_CHUNK_ROWS says)."""
+    """Whether the product with x may run in tc_product's form (which writes x's float16 copy in a kernel of its own):
+    its type, rows and size on a device with tensor cores. A prefill chunk takes it only as tc_form says."""
     return takes_tc(self.qtype, x.shape[0], self.rows * self.cols, x.device)
   def tc_form(self, x: Tensor) -> bool:
     """Whether __call__ takes tc_product's form: tc, where x is not a prefill chunk, or a chunk of at most
     TC_CHUNK_ROWS rows and no float16 copy."""
     return self.tc(x) and (not as_matrix(x.shape[0]) or (self.dense is None and x.shape[0] <= TC_CHUNK_ROWS))
   def members(self, x: Tensor) -> list[Tensor]:
-    """x @ W.T of each matrix this weight stacks (splits), in order: with SPLIT_SUMS, tc_product's form sums each
-    member's parts apart; else the product's output split."""
-    if SPLIT_SUMS and self.tc_form(x): return tc_product(x, self.planes, self.qtype, self.splits)
-    return self(x).split(list(self.splits), dim=-1)
+    """x @ W.T of each matrix this weight stacks (splits), in order, in tc_product's form (where tc_form says it takes
+    it: model.Fused checks) with each member's parts summed apart (SPLIT_SUMS)."""
+    return tc_product(x, self.planes, self.qtype, self.splits)
   def rows_of(self, idx: Tensor) -> Tensor:
     """Dequantized rows idx (an int tensor of any shape) -> (*idx.shape, cols): the embedding lookup."""
     return dequantize({k: p[idx] for k, p in self.planes.items()}, self.qtype)
