@@ -353,5 +353,8 @@ def test_split_sums(qtype, monkeypatch, rng):
   # x in float16, the product's parts, their sum, SiLU * up; summed apart: the sum inside SiLU * up's kernel
   assert got == {(0, True): 4, (1, True): 3, (1, False): 4}, got
   assert quant.SPLIT_SUMS == 1 and step_cache._opts_env()["ORIN_LLM_SPLIT_SUMS"] == "1"
+  assert quant.count_knob("ORIN_LLM_SPLIT_SUMS", 0, 1, {}) == 0  # off unless set
+  for bad in ("2", "-1", "yes"):  # 0 or 1, else a one-line refusal naming the knob
+    with pytest.raises(OrinError, match="ORIN_LLM_SPLIT_SUMS"): quant.count_knob("ORIN_LLM_SPLIT_SUMS", 0, 1, {"ORIN_LLM_SPLIT_SUMS": bad})
   monkeypatch.setattr(quant, "SPLIT_SUMS", 0)
   assert step_cache._opts_env()["ORIN_LLM_SPLIT_SUMS"] == "0"
