@@ -473,13 +473,18 @@ def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT, members: tuple[i
   y = y.reshape(T, O) if S == 1 else y.contiguous().sum(-1)
   return y.split(list(members), dim=-1) if members else y
 
-# The parts' sums of a fused weight's members apart (ORIN_LLM_SPLIT_SUMS=1; an experiment's knob, off by default; part
-# of the steps file's key; model.Fused's apart: gate+up). Summed whole, gate+up's parts took a kernel of their own
-# before SiLU(gate) * up: tinygrad realizes a sum whose output is read through slices. Summed apart, each member's sum
-# is one more reduction in the kernel that reads it (rendered for sm_90: the 8B's 8-row gate+up parts' sum and SiLU *
-# up, r_1792_32_4_4 and E_8_112_16_4_2, one kernel r_8_112_16_4_2_4_4; 4 rows: the same). The 8B Q4_K_M's verify8
-# step spent 82 us of its 5.56 ms on those sums (32 kernels; H100, docs/PERF.md, forty-ninth session).
-SPLIT_SUMS = count_knob("ORIN_LLM_SPLIT_SUMS", 0, 1)
+# The parts' sums of a fused weight's members apart (model.Fused's apart: gate+up). Summed whole, gate+up's parts took a
+# kernel of their own before SiLU(gate) * up: tinygrad realizes a sum whose output is read through slices. Summed apart,
+# each member's sum is one more reduction in the kernel that reads it (rendered for sm_90: the 8B's 8-row gate+up parts'
+# sum and SiLU * up, r_1792_32_4_4 and E_8_112_16_4_2, one kernel r_8_112_16_4_2_4_4; 4 rows: the same). Measured at
+# BEAM=0 on H100s, each setting in its own processes, alternated (docs/PERF.md, fiftieth session): the 1B Q6_K's batch
+# step of 4 rows 1.569-1.572 -> 1.554-1.556 ms, of 8 rows 1.693-1.696 -> 1.670-1.675 (two processes each, 319 graph
+# nodes against 335); the 8B Q4_K_M's verify8 at depth 64 unchanged (5.81-5.94 ms against 5.84-5.92, four and three
+# processes on one machine). ORIN_LLM_SPLIT_SUMS=0 (an experiment's knob; part of the steps file's key): summed whole
+def split_sums(env=os.environ) -> int:
+  """ORIN_LLM_SPLIT_SUMS: 1 (the default: gate+up's members summed apart) or 0."""
+  return count_knob("ORIN_LLM_SPLIT_SUMS", 1, 1, env)
+SPLIT_SUMS = split_sums()
 
 # tc_product's parts: each at least TC_PART_LEN long, so that the parts' float32 sums (4 bytes a row and weight row a
 # part) stay a few percent of the weights' bytes (~0.56 a weight for Q4_K): 8 rows, Q4_K, parts of 1024: 5.6%

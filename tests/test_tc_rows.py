@@ -149,7 +149,7 @@ def test_chunk_rows_knob(monkeypatch, rng):
   monkeypatch.setattr(quant, "has_tensor_cores", lambda device: device == "CPU")  # as a GPU's renderer would say
   monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)
   calls, real = [], quant.tc_product
-  monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype: calls.append(x.shape[0]) or real(x, planes, qtype))
+  monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype, m=(): calls.append(x.shape[0]) or real(x, planes, qtype, m))
   O, K, R = 16, 512, quant.MATMUL_ROWS
   for qt in (QT.Q4_K, QT.Q6_K):
     raw = random_raw(qt, O, K, rng)
@@ -281,7 +281,7 @@ def test_a_batch_step_in_the_form(tmp_path, rng, monkeypatch, pairs):
   prompts = [rng.integers(0, V, int(n)).tolist() for n in rng.choice(np.arange(3, 30), 3, replace=False)]
   logits, calls = {}, []
   real = quant.tc_product
-  monkeypatch.setattr(quant, "tc_product", lambda x, p, q: calls.append(x.shape[0]) or real(x, p, q))
+  monkeypatch.setattr(quant, "tc_product", lambda x, p, q, m=(): calls.append(x.shape[0]) or real(x, p, q, m))
   monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)  # the tiny model's matrices are all under the floor
   monkeypatch.setattr(quant, "has_tensor_cores", lambda device: True)  # the form's arithmetic on the CPU
   for on in (0, 2):
@@ -324,7 +324,7 @@ def test_the_ffn_activation_goes_to_the_form_in_float16_only(tmp_path, rng, monk
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
 def test_split_sums(qtype, monkeypatch, rng):
-  """quant.SPLIT_SUMS (ORIN_LLM_SPLIT_SUMS, off by default): gate+up in the tensor-core form, each member's parts summed
+  """quant.SPLIT_SUMS (ORIN_LLM_SPLIT_SUMS, on by default): gate+up in the tensor-core form, each member's parts summed
   apart, so that SiLU(gate) * up adds them in its own kernel: one kernel fewer than the parts' sum written out first,
   the same act as gguf's float64 products give (gate and up in their order); Q+K+V (apart off) as before; the knob in
   the steps file's key."""
@@ -353,8 +353,8 @@ def test_split_sums(qtype, monkeypatch, rng):
   # x in float16, the product's parts, their sum, SiLU * up; summed apart: the sum inside SiLU * up's kernel
   assert got == {(0, True): 4, (1, True): 3, (1, False): 4}, got
   assert quant.SPLIT_SUMS == 1 and step_cache._opts_env()["ORIN_LLM_SPLIT_SUMS"] == "1"
-  assert quant.count_knob("ORIN_LLM_SPLIT_SUMS", 0, 1, {}) == 0  # off unless set
+  assert quant.split_sums({}) == 1 and quant.split_sums({"ORIN_LLM_SPLIT_SUMS": "0"}) == 0  # on unless set to 0
   for bad in ("2", "-1", "yes"):  # 0 or 1, else a one-line refusal naming the knob
-    with pytest.raises(OrinError, match="ORIN_LLM_SPLIT_SUMS"): quant.count_knob("ORIN_LLM_SPLIT_SUMS", 0, 1, {"ORIN_LLM_SPLIT_SUMS": bad})
+    with pytest.raises(OrinError, match="ORIN_LLM_SPLIT_SUMS"): quant.split_sums({"ORIN_LLM_SPLIT_SUMS": bad})
   monkeypatch.setattr(quant, "SPLIT_SUMS", 0)
   assert step_cache._opts_env()["ORIN_LLM_SPLIT_SUMS"] == "0"
