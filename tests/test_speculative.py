@@ -59,13 +59,14 @@ def test_greedy_output_is_the_plain_paths(models, rng, source):
   assert sp.steps > 0, sp.stats()
   if source != "draft-other": assert sp.accepted > 0, sp.stats()  # verify steps accepted something
 
-@pytest.mark.parametrize("qtype,split_sums", [(QT.Q4_K, 0), (QT.Q6_K, 0), (QT.Q4_K, 1)], ids=["Q4_K", "Q6_K", "Q4_K-split-sums"])
+@pytest.mark.parametrize("qtype,split_sums", [(QT.Q4_K, 1), (QT.Q6_K, 1), (QT.Q4_K, 0)], ids=["Q4_K", "Q6_K", "Q4_K-whole-sums"])
 def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch, qtype, split_sums):
   """ORIN_LLM_TC_ROWS=2 (quant.tc_product: a verify step's Q4_K products, and Q6_K's from 4 rows, with float16 weights,
   decode's in float32): greedy output with n-gram proposals is still the plain path's, up to near ties; the form did
   run inside verify steps, Q6_K's only in those of its floor's rows or more (quant.TC_TYPES). Both paths prefill with the knob on (chunks
   of 8 rows take the form too): verify is checked against decode. On the CPU, which has no tensor cores, the form's
-  arithmetic is what runs, not its kernels' layout. ORIN_LLM_SPLIT_SUMS=1: gate+up's members summed apart."""
+  arithmetic is what runs, not its kernels' layout. quant.SPLIT_SUMS as by default (gate+up's members summed apart), and 0
+  (summed whole)."""
   from orin_llm import quant
   monkeypatch.setattr(quant, "SPLIT_SUMS", split_sums)
   monkeypatch.setattr(quant, "TC_ROWS", 2)
