@@ -4,7 +4,7 @@ layout is judged by the time of the whole step it runs in. One kernel's time alo
 ~10% from call to call, and one by one in the step (scripts/profile_decode.py, DEBUG=2) each kernel carries ~10 us of
 synchronization: neither ranked the 1B's decode step (docs/PERF.md, twenty-ninth session: the gate+up in 64 lanes
 within the spread alone, 5.8% slower in the step).
-  python3 scripts/step_opts.py [--list] [--kernel SHAPE=OPTS ...] [--kernels FILE] -- bench --model M --beam 0 ...
+  python3 scripts/step_opts.py [--list] [--kernel SHAPE=OPTS ...] [--kernels FILE] [--min-blocks NAME=N ...] -- bench --model M --beam 0 ...
   python3 scripts/step_opts.py [...] -- scripts/spec_bench.py M --verify-only ...   (a script: a path ending in .py)
 --list: print each kernel's shape before opts (the key --kernel takes) and the opts it got, to stderr.
 --kernel SHAPE=OPTS: every kernel whose shape before opts is SHAPE (comma-separated sizes as --list prints them, `?` for
@@ -14,8 +14,14 @@ heuristic's; a list that does not apply is an error, not a silent fallback. --ke
 (scripts/searched_opts.py writes a BEAM ledger's searched layouts so; `#` begins a comment line). A key that no kernel
 of the run took is named on stderr when the process ends. The overrides join the steps file's key
 (MV_STEP_OPTS): a run with other overrides does not load this one's steps.
-With --kernel, BEAM must be 0: a search would start from the override and keep it in the BEAM database under the
-kernel's own key. Kernels compile in this process (PARALLEL=0); `serve` and `prewarm` set PARALLEL from [beam] workers
+--min-blocks NAME=N: the CUDA kernel named NAME (its name after opts, as DEBUG=2 and render_kernels.py print it, e.g.
+r_896_4_4_8_2_4_4_4_8_32) compiled with __launch_bounds__(threads, N): ptxas keeps it within the registers that let N
+blocks share an SM (spilling if it must; render_kernels.py's source through `nvcc -Xptxas -v` shows both). Asks
+whether a kernel that runs in more waves than its grid needs (the 8B's decode gate+up on an H100: 96 registers, 5
+blocks of 128 threads an SM, 896 blocks: 1.36 waves of 660) gains from fitting one (docs/PERF.md, fiftieth session).
+In the steps file's key too (MV_STEP_MIN_BLOCKS).
+With --kernel or --min-blocks, BEAM must be 0: a search would start from the override and keep it in the BEAM database
+under the kernel's own key. Kernels compile in this process (PARALLEL=0); `serve` and `prewarm` set PARALLEL from [beam] workers
 again, so use it with `bench` or `generate`."""
 import os, sys
 
@@ -76,10 +82,38 @@ def install(overrides: dict[str, str], listing: bool = False, out=sys.stderr) ->
   if overrides: os.environ["MV_STEP_OPTS"] = ";".join(f"{k}={v}" for k, v in sorted(overrides.items()))
   else: os.environ.pop("MV_STEP_OPTS", None)
 
+_bounded: set = set()  # the kernel names --min-blocks gave and some rendered kernel had
+
+def parse_bounds(spec: str) -> tuple[str, int]:
+  """r_896_4_4_8_2_4_4_4_8_32=7 -> ("r_896_4_4_8_2_4_4_4_8_32", 7): a kernel's name and its blocks an SM, 1 to 32."""
+  name, _, n = spec.partition("=")
+  if not name.strip() or not n.strip().isdigit() or not 1 <= int(n) <= 32:
+    raise ValueError(f"{spec!r}: NAME=N is needed, N a whole number of blocks an SM from 1 to 32")
+  return name.strip(), int(n)
+
+def install_bounds(bounds: dict[str, int]) -> None:
+  """The CUDA renderer's source of a kernel named in bounds gets __launch_bounds__(threads, bounds[name]); the others
+  are left as they are. tinygrad compiles that source (its compile cache keys by source, so the bounded kernel is a
+  program of its own)."""
+  import re
+  from tinygrad.renderer.cstyle import CUDARenderer
+  orig = getattr(CUDARenderer.render, "_orig", CUDARenderer.render)
+  def render(self, *args, **kwargs):
+    src = orig(self, *args, **kwargs)
+    def bound(m):
+      if m.group(2) not in bounds: return m.group(0)
+      _bounded.add(m.group(2))
+      return f"__launch_bounds__({m.group(1)}, {bounds[m.group(2)]}) {m.group(2)}("
+    return re.sub(r"__launch_bounds__\((\d+)\) (\w+)\(", bound, src)
+  render._orig = orig
+  CUDARenderer.render = render
+  if bounds: os.environ["MV_STEP_MIN_BLOCKS"] = ";".join(f"{k}={v}" for k, v in sorted(bounds.items()))
+  else: os.environ.pop("MV_STEP_MIN_BLOCKS", None)
+
 def main(argv: list[str]) -> None:
   if "--" not in argv: sys.exit(__doc__)
   ours, cmd = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-  overrides, listing = {}, False
+  overrides, bounds, listing = {}, {}, False
   it = iter(ours)
   for a in it:
     if a == "--list": listing = True
@@ -92,18 +126,27 @@ def main(argv: list[str]) -> None:
         if "=" not in spec: sys.exit(f"step_opts: {spec!r}: SHAPE=OPTS is needed")
         shape, opts = spec.split("=", 1)
         overrides[shape.replace(" ", "")] = opts.strip()
+    elif a == "--min-blocks":
+      arg = next(it, None)
+      if arg is None: sys.exit("step_opts: --min-blocks needs NAME=N")
+      try: name, n = parse_bounds(arg)
+      except ValueError as e: sys.exit(f"step_opts: --min-blocks {e}")
+      bounds[name] = n
     else: sys.exit(f"step_opts: unknown argument {a!r}\n{__doc__}")
   beam = os.environ.get("BEAM", "0")
   for i, a in enumerate(cmd):
     if a == "--beam" and i + 1 < len(cmd): beam = cmd[i + 1]
     elif a.startswith("--beam="): beam = a.split("=", 1)[1]
-  if overrides and beam.strip() not in ("", "0"):
-    sys.exit(f"step_opts: --kernel needs BEAM=0 (here {beam}): a search would start from the override and keep it in the "
-             "BEAM database under the kernel's own key")
+  if (overrides or bounds) and beam.strip() not in ("", "0"):
+    sys.exit(f"step_opts: --kernel and --min-blocks need BEAM=0 (here {beam}): a search would start from the override and "
+             "keep it in the BEAM database under the kernel's own key")
   try: install(overrides, listing)
   except ValueError as e: sys.exit(f"step_opts: --kernel/--kernels: {e}")
+  install_bounds(bounds)
   import atexit
   atexit.register(_name_unmatched, list(overrides), sys.stderr)
+  atexit.register(lambda: (missed := [k for k in bounds if k not in _bounded]) and print(
+    f"step_opts: no kernel named {', '.join(missed)} was rendered (--min-blocks)", file=sys.stderr, flush=True))
   import runpy
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   if cmd and cmd[0].endswith(".py"):  # a script (the verify steps' cost: spec_bench.py), run as `python3 SCRIPT ...` would

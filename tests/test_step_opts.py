@@ -74,11 +74,16 @@ def test_refuses_a_search_and_a_wrong_opt():
   run = lambda *a, **env: subprocess.run([sys.executable, ROOT / "scripts/step_opts.py", *a], capture_output=True, text=True,
                                          timeout=60, env={**{k: v for k, v in os.environ.items() if k != "BEAM"}, **env})
   r = run("--kernel", "16,2=UPCAST:0:2", "--", "bench", "--beam", "2")
-  assert r.returncode != 0 and "needs BEAM=0 (here 2)" in r.stderr
+  assert r.returncode != 0 and "need BEAM=0 (here 2)" in r.stderr
   r = run("--kernel", "16,2=UPCAST:0:2", "--", "bench", BEAM="1")
-  assert r.returncode != 0 and "needs BEAM=0 (here 1)" in r.stderr
+  assert r.returncode != 0 and "need BEAM=0 (here 1)" in r.stderr
   r = run("--kernel", "16,2=UPCST:0:2", "--", "bench", "--beam", "0")
   assert r.returncode != 0 and "'UPCST:0:2' is not an opt" in r.stderr
+  r = run("--min-blocks", "r_16_2=4", "--", "bench", "--beam", "2")
+  assert r.returncode != 0 and "need BEAM=0 (here 2)" in r.stderr
+  for bad in ("r_16_2", "r_16_2=0", "r_16_2=33", "=4", "r_16_2=x"):  # NAME=N, N from 1 to 32
+    r = run("--min-blocks", bad, "--", "bench", "--beam", "0")
+    assert r.returncode != 0 and "step_opts: --min-blocks" in r.stderr and "NAME=N" in r.stderr, (bad, r.stderr)
 
 def test_runs_a_script(tmp_path):
   """`-- SCRIPT.py ARGS`: the script runs as `python3 SCRIPT.py ARGS` would (its own argv, its directory importable),
@@ -99,3 +104,40 @@ def test_runs_a_script(tmp_path):
   assert d == {"argv": [str(tmp_path / "s.py"), "a", "--b"], "value": 7, "installed": True, "env": "r:16,2=UPCAST:0:2",
                "main": "__main__"}
   assert "no kernel took r:16,2" in r.stderr  # nothing compiled: the key is named when the process ends
+
+BOUNDS = textwrap.dedent('''
+  import json, os, re, sys
+  sys.path.insert(0, sys.argv[1])
+  import step_opts
+  from render_kernels import render
+  from gguf import GGMLQuantizationType as QT
+  from tinygrad import Tensor
+  from tinygrad.helpers import Target
+  from tinygrad.renderer.cstyle import CUDARenderer
+  from tinygrad.uop.ops import Ops
+  from orin_llm.quant import QuantWeight, empty_planes
+  ren = CUDARenderer(Target("CUDA", "", "sm_90"), use_nvcc=True)
+  def sources():
+    ys = [QuantWeight(qt, O, K, empty_planes(qt, O, K, "CPU"))(Tensor.empty(1, K, device="CPU")) for qt, O, K in ((QT.Q4_K, 1024, 2048), (QT.Q6_K, 2048, 4096))]
+    return [render(c.src[0], ren)[2] for y in ys for c in y.linear_with_vars()[0].src if c.src[0].op is Ops.SINK]
+  bounds = lambda srcs: [re.search(r"__launch_bounds__\\(([0-9, ]+)\\) (\\w+)\\(", s).groups() for s in srcs]
+  before = bounds(sources())
+  step_opts.install_bounds({before[0][1]: 7})
+  after, env = bounds(sources()), os.environ.get("MV_STEP_MIN_BLOCKS")
+  step_opts.install_bounds({})  # again: the renderer's own, nothing bounded
+  plain = bounds(sources())
+  print(json.dumps({"before": before, "after": after, "env": env, "plain": plain, "unset": os.environ.get("MV_STEP_MIN_BLOCKS")}))
+''')
+
+def test_min_blocks_bounds_the_named_kernel_only():
+  """--min-blocks NAME=N: the named kernel's CUDA source gets __launch_bounds__(threads, N), the other kernel keeps the
+  renderer's own; the bounds are in the steps file's key (MV_STEP_MIN_BLOCKS) and installing none restores the source."""
+  env = {"ORIN_LLM_AFFINE": "1", "DEV": "CPU"}
+  r = subprocess.run([sys.executable, "-c", BOUNDS, str(ROOT / "scripts")], capture_output=True, text=True, cwd=ROOT,
+                     env={k: v for k, v in os.environ.items() if not k.startswith(("MV_", "BEAM"))} | env, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  d = json.loads(r.stdout.strip().splitlines()[-1])
+  (t0, n0), (t1, n1) = d["before"]
+  assert n0 != n1 and "," not in t0 and "," not in t1  # two kernels, each with its threads alone
+  assert d["after"] == [[f"{t0}, 7", n0], [t1, n1]]
+  assert d["env"] == f"{n0}=7" and d["plain"] == d["before"] and d["unset"] is None
