@@ -146,7 +146,8 @@ def main(argv: list[str]) -> None:
   import atexit
   atexit.register(_name_unmatched, list(overrides), sys.stderr)
   atexit.register(lambda: (missed := [k for k in bounds if k not in _bounded]) and print(
-    f"step_opts: no kernel named {', '.join(missed)} was rendered (--min-blocks)", file=sys.stderr, flush=True))
+    f"step_opts: no kernel named {', '.join(missed)} was rendered (--min-blocks: no kernel of the run has that name, or "
+    "the run rendered none: its steps came from a cache)", file=sys.stderr, flush=True))
   import runpy
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   if cmd and cmd[0].endswith(".py"):  # a script (the verify steps' cost: spec_bench.py), run as `python3 SCRIPT ...` would
