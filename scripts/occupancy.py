@@ -77,6 +77,6 @@ def main():
     (blocks, sym), (regs, spill, smem) = grid(src), compile_report(src, a.arch)
     b = blocks_per_sm(threads, regs, smem, a.arch)
     print(f"{name[:48]:48s} {threads:7d} {blocks:7d}{'+' if sym else ' '}{regs:4d} {spill:5d} {smem:6d} {b:9d} "
-          f"{b * -(-threads // 32):8d} {blocks / (a.sms * b):6.2f}")
+          f"{b * -(-threads // 32):8d} {blocks / (a.sms * b) if b else float('inf'):6.2f}")  # b 0: a block the SM cannot hold
 
 if __name__ == "__main__": main()

@@ -17,6 +17,7 @@ import occupancy
   (128, 24, 120000, "sm_90", 1),  # by shared memory: 232448 // (120000 + 1024)
   (128, 96, 4096, "sm_87", 5),    # the Orin's SM: the same register file
   (256, 32, 0, "sm_87", 6),       # 1536 threads an SM
+  (1024, 255, 0, "sm_90", 0),     # 255 -> 256 a thread: 8 warps' registers, a block of 32 warps does not fit
 ])
 def test_blocks_per_sm(threads, regs, smem, arch, want):
   assert occupancy.blocks_per_sm(threads, regs, smem, arch) == want
