@@ -51,12 +51,12 @@ def main():
   ap.add_argument("--context", type=int, default=4352); ap.add_argument("--arch", choices=sorted(LIMITS), default="sm_90")
   ap.add_argument("--sms", type=int, default=132); ap.add_argument("--min-blocks", action="append", default=[])
   a = ap.parse_args()
-  if shutil.which("nvcc") is None: sys.exit("occupancy: nvcc is not on PATH (a CUDA toolkit, or NVIDIA's PyPI wheels)")
   if a.sms < 1: sys.exit(f"occupancy: --sms {a.sms}: a number of SMs of at least 1 is needed")
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   import step_opts
   try: bounds = dict(step_opts.parse_bounds(s) for s in a.min_blocks)
   except ValueError as e: sys.exit(f"occupancy: --min-blocks {e}")
+  if shutil.which("nvcc") is None: sys.exit("occupancy: nvcc is not on PATH (a CUDA toolkit, or NVIDIA's PyPI wheels)")
   step_opts.install_bounds(bounds)
   from render_kernels import render, step_kernels
   from tinygrad.helpers import Target

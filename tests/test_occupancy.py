@@ -41,7 +41,13 @@ def test_grid_of_a_rendered_kernel():
   assert blocks == int(name.split("_")[1]) and blocks > 1 and not sym
   assert occupancy.grid("int gidx0 = blockIdx.x; /* (start_pos//1024+1) */\n  int gidx1 = blockIdx.y; /* 8 */") == (8, True)
 
-def test_refuses_without_nvcc(tmp_path):
-  r = subprocess.run([sys.executable, ROOT / "scripts/occupancy.py", str(tmp_path / "m.gguf")], capture_output=True, text=True,
-                     timeout=60, env={**os.environ, "PATH": str(tmp_path)})
+def test_refusals(tmp_path):
+  """One line each: no nvcc on PATH, fewer than one SM, a --min-blocks that is not NAME=N (N from 1 to 32)."""
+  run = lambda *a: subprocess.run([sys.executable, ROOT / "scripts/occupancy.py", str(tmp_path / "m.gguf"), *a],
+                                  capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": str(tmp_path)})
+  r = run()
   assert r.returncode != 0 and "occupancy: nvcc is not on PATH" in r.stderr
+  r = run("--sms", "0")
+  assert r.returncode != 0 and "occupancy: --sms 0: a number of SMs of at least 1" in r.stderr
+  r = run("--min-blocks", "r_896=33")
+  assert r.returncode != 0 and "occupancy: --min-blocks 'r_896=33': NAME=N is needed" in r.stderr
