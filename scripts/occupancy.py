@@ -58,15 +58,10 @@ def main():
   except ValueError as e: sys.exit(f"occupancy: --min-blocks {e}")
   if shutil.which("nvcc") is None: sys.exit("occupancy: nvcc is not on PATH (a CUDA toolkit, or NVIDIA's PyPI wheels)")
   step_opts.install_bounds(bounds)
-  from render_kernels import render, step_kernels
+  from render_kernels import render, step_engine, step_kernels
   from tinygrad.helpers import Target
   from tinygrad.renderer.cstyle import CUDARenderer
-  from orin_llm import quant
-  from orin_llm.engine import Engine
-  rows = a.rows or {"decode": 1, "verify": 8, "chunk": 512, "batch": 4}[a.step]
-  if a.step == "chunk": quant.MATMUL_ROWS = 32  # the GPU's matrix form (render_kernels.py does the same)
-  eng = Engine(a.model, max_context=a.context, device="CPU", chunk=rows if a.step == "chunk" else None,
-               max_batch=rows if a.step == "batch" else 1)
+  eng, rows = step_engine(a.model, a.step, a.rows, a.context)
   ren, seen = CUDARenderer(Target("CUDA", "", a.arch), use_nvcc=True), set()
   print(f"{'kernel':48s} {'threads':>7s} {'blocks':>7s} {'regs':>4s} {'spill':>5s} {'smem':>6s} {'blocks/SM':>9s} {'warps/SM':>8s} {'waves':>6s}")
   for call in step_kernels(eng, a.step, rows, a.pos):

@@ -38,6 +38,15 @@ def step_kernels(eng, step: str, rows: int, pos: int) -> list:
     out = eng.model(st.next_tok[0:rows], Rows(starts, 1, 0, eng.v_blocks.bind((pos + 7 * rows) // 256 + 1)))
   return [c for c in out.linear_with_vars()[0].src if c.op is Ops.CALL and c.src[0].op is Ops.SINK]
 
+def step_engine(model, step: str, rows: int | None, context: int):
+  """(an engine on the CPU built for the step, the step's rows: --rows or its default) as a GPU would run it."""
+  from orin_llm import quant
+  from orin_llm.engine import Engine
+  rows = rows or {"decode": 1, "verify": 8, "chunk": 512, "batch": 4}[step]
+  if step == "chunk": quant.MATMUL_ROWS = 32  # the GPU's matrix form, which the CPU backend (no tensor cores) does not take
+  return Engine(model, max_context=context, device="CPU", chunk=rows if step == "chunk" else None,
+                max_batch=rows if step == "batch" else 1), rows
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("model"); ap.add_argument("--step", choices=("decode", "verify", "chunk", "batch"), default="decode")
@@ -45,12 +54,7 @@ def main():
   ap.add_argument("--context", type=int, default=4352); ap.add_argument("--arch", default="sm_87", help="sm_87: the Orin; sm_90: an H100")
   ap.add_argument("--show", default=None, help="print the CUDA source of the kernels whose name contains this")
   a = ap.parse_args()
-  rows = a.rows or {"decode": 1, "verify": 8, "chunk": 512, "batch": 4}[a.step]
-  from orin_llm import quant
-  from orin_llm.engine import Engine
-  if a.step == "chunk": quant.MATMUL_ROWS = 32  # the GPU's matrix form, which the CPU backend (no tensor cores) does not take
-  eng = Engine(a.model, max_context=a.context, device="CPU", chunk=rows if a.step == "chunk" else None,
-               max_batch=rows if a.step == "batch" else 1)
+  eng, rows = step_engine(a.model, a.step, a.rows, a.context)
   ren = CUDARenderer(Target("CUDA", "", a.arch), use_nvcc=True)  # nvcc: constructs with no CUDA library
   for call in step_kernels(eng, a.step, rows, a.pos):
     name, opts, src = render(call.src[0], ren)
