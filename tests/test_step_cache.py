@@ -107,6 +107,10 @@ def test_steps_file_keyed_by_the_matvec_settings(model, tmp_path, monkeypatch):
   assert step_cache.path_for(eng) != before
   monkeypatch.delenv("MV_LANE_UNROLL")
   assert step_cache.path_for(eng) == before
+  monkeypatch.setenv("FEW_ROW_SQUARES", "0")  # a few rows' sums of squares (patch 0049) in the matvec rules' layout
+  assert step_cache.path_for(eng) != before
+  monkeypatch.delenv("FEW_ROW_SQUARES")
+  assert step_cache.path_for(eng) == before
 
 def test_steps_file_keyed_by_the_affine_form_in_effect(model, tmp_path, monkeypatch):
   """quant.AFFINE (types) and AFFINE_ROWS change the programs: keyed as in effect, so the types' order does not matter and
