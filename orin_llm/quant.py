@@ -497,14 +497,27 @@ TC_PART_LEN = 1024
 # 6.11 / 7.01 -> 6.50 ms; the 1B Q6_K's 8-row batch step 2.808 -> 2.498 ms (4 rows: Q6_K takes the form from 8).
 # ORIN_LLM_TC_WARPS (an experiment's knob; part of the steps file's key): 0 gives parts of TC_PART_LEN only
 TC_WARPS = count_knob("ORIN_LLM_TC_WARPS", 512, 1 << 20)
+# ORIN_LLM_TC_WARPS=1024 made the 1B Q6_K's batch steps faster (4 rows 1.557-1.561 -> 1.472-1.477 ms, 8 rows 1.676-1.677
+# -> 1.619-1.621; H100, BEAM=0, fifty-first session: its gate+up went to parts of 512, its ffn_down to parts of 256) where
+# it had made the 8B's verify8 slower (+0.47 ms, H200, forty-first session: its Q+K+V and attn_output went to parts of
+# 256, its ffn_down to 512). ORIN_LLM_TC_MIN_PART (an experiment's knob; part of the steps file's key): the shortest part
+# the split for TC_WARPS may make, a multiple of 256 (default 256: a K-quant block), to time the two apart
+def tc_min_part(env=os.environ) -> int:
+  """ORIN_LLM_TC_MIN_PART: a multiple of 256 from 256 to 65536 (default 256)."""
+  raw = env.get("ORIN_LLM_TC_MIN_PART", "256").strip()
+  if not raw.isdigit() or int(raw) % 256 or not 256 <= int(raw) <= 65536:
+    raise OrinError(f"ORIN_LLM_TC_MIN_PART={raw!r}: a multiple of 256 from 256 to 65536 is needed (default 256)")
+  return int(raw)
+TC_MIN_PART = tc_min_part()
 TC_ROWS_A_WARP = 64
 def tc_parts(cols: int, rows: int) -> int:
   """The parts tc_product splits a reduction of cols into: the most that divide it into whole 256-blocks of at least
-  TC_PART_LEN, or more (parts of at least 256) until rows // TC_ROWS_A_WARP times the parts reaches TC_WARPS."""
+  TC_PART_LEN, or more (parts of at least TC_MIN_PART) until rows // TC_ROWS_A_WARP times the parts reaches TC_WARPS."""
   ok = [s for s in range(1, cols // 256 + 1) if cols % s == 0 and (cols // s) % 256 == 0]
   base = max([s for s in ok if cols // s >= TC_PART_LEN] or [1])
+  more = [s for s in ok if s >= base and (s == base or cols // s >= TC_MIN_PART)]
   tiles = max(rows // TC_ROWS_A_WARP, 1)  # (a matrix under 64 rows: the CPU tests' small ones)
-  return next((s for s in ok if s >= base and tiles * s >= TC_WARPS), max(ok or [1]))  # TC_WARPS 0: base
+  return next((s for s in more if tiles * s >= TC_WARPS), max(more or [1]))  # TC_WARPS 0: base
 # A matrix product's output tiles each walk the whole reduction in turn; with few rows there are few tiles: the 32-row
 # chunk's products ran at 125-820 GB/s of weights after a full search (ffn_down, 8192 long: 155 us a layer; H200, 1B
 # Q6_K, eighteenth session, docs/PERF.md). So the reduction is split into parts, multiplied side by side (one more
