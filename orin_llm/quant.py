@@ -501,7 +501,10 @@ TC_WARPS = count_knob("ORIN_LLM_TC_WARPS", 512, 1 << 20)
 # -> 1.619-1.621; H100, BEAM=0, fifty-first session: its gate+up went to parts of 512, its ffn_down to parts of 256) where
 # it had made the 8B's verify8 slower (+0.47 ms, H200, forty-first session: its Q+K+V and attn_output went to parts of
 # 256, its ffn_down to 512). ORIN_LLM_TC_MIN_PART (an experiment's knob; part of the steps file's key): the shortest part
-# the split for TC_WARPS may make, a multiple of 256 (default 256: a K-quant block), to time the two apart
+# the split for TC_WARPS may make where it reaches TC_WARPS, a multiple of 256 (default 256: a K-quant block), to time the
+# two apart: at 1024 warps with 512, the 1B's 4-row step changes only its gate+up, the 8B's verify8 only its ffn_down
+# (rendered for sm_90); the matrices too small for TC_WARPS (the 1B's Q+K+V and attn_output, the 8B's attn_v) keep
+# their most parts
 def tc_min_part(env=os.environ) -> int:
   """ORIN_LLM_TC_MIN_PART: a multiple of 256 from 256 to 65536 (default 256)."""
   raw = env.get("ORIN_LLM_TC_MIN_PART", "256").strip()
@@ -512,12 +515,16 @@ TC_MIN_PART = tc_min_part()
 TC_ROWS_A_WARP = 64
 def tc_parts(cols: int, rows: int) -> int:
   """The parts tc_product splits a reduction of cols into: the most that divide it into whole 256-blocks of at least
-  TC_PART_LEN, or more (parts of at least TC_MIN_PART) until rows // TC_ROWS_A_WARP times the parts reaches TC_WARPS."""
+  TC_PART_LEN, or more (parts of at least 256) until rows // TC_ROWS_A_WARP times the parts reaches TC_WARPS, where the
+  parts reaching it are at least TC_MIN_PART long (else the most parts of that length); a matrix that no split brings to
+  TC_WARPS takes the most parts (of 256)."""
   ok = [s for s in range(1, cols // 256 + 1) if cols % s == 0 and (cols // s) % 256 == 0]
   base = max([s for s in ok if cols // s >= TC_PART_LEN] or [1])
-  more = [s for s in ok if s >= base and (s == base or cols // s >= TC_MIN_PART)]
   tiles = max(rows // TC_ROWS_A_WARP, 1)  # (a matrix under 64 rows: the CPU tests' small ones)
-  return next((s for s in more if tiles * s >= TC_WARPS), max(more or [1]))  # TC_WARPS 0: base
+  reach = [s for s in ok if s >= base and tiles * s >= TC_WARPS]  # TC_WARPS 0: base first
+  if not reach: return max(ok or [1])  # too few rows for TC_WARPS at any split: the most parts
+  # where TC_MIN_PART stops the split short of TC_WARPS: the most parts it allows
+  return next((s for s in reach if cols // s >= TC_MIN_PART), max(s for s in ok if s == base or base <= s and cols // s >= TC_MIN_PART))
 # A matrix product's output tiles each walk the whole reduction in turn; with few rows there are few tiles: the 32-row
 # chunk's products ran at 125-820 GB/s of weights after a full search (ffn_down, 8192 long: 155 us a layer; H200, 1B
 # Q6_K, eighteenth session, docs/PERF.md). So the reduction is split into parts, multiplied side by side (one more

@@ -84,17 +84,21 @@ def test_tc_parts(monkeypatch):
   assert [quant.tc_parts(K, O) for O, K in shapes] == [4, 14, 4, 4, 4, 4, 2, 8, 2, 2, 2]
 
 def test_tc_min_part(monkeypatch):
-  """With TC_WARPS 1024, the split stops at parts of TC_MIN_PART: at 256 (the default) the 1B's gate+up takes parts of
-  512 and its ffn_down of 256, the 8B's Q+K+V and attn_output of 256; at 512 the ffn_down and the 8B's two keep 512;
-  never fewer parts than TC_PART_LEN gives."""
+  """With TC_WARPS 1024, the split that reaches it stops at parts of TC_MIN_PART: at 256 (the default) the 1B's gate+up
+  takes parts of 512 and its ffn_down of 256, the 8B's Q+K+V and attn_output of 256; at 512 the ffn_down and the 8B's
+  two keep 512; never fewer parts than TC_PART_LEN gives. Matrices that no split brings to TC_WARPS (the 1B's Q+K+V and
+  attn_output, the 8B's attn_v) keep their most parts whatever TC_MIN_PART is."""
   monkeypatch.setattr(quant, "TC_WARPS", 1024)
-  shapes = [(16384, 2048), (2048, 8192), (6144, 4096), (4096, 4096), (4096, 14336), (28672, 4096)]
+  shapes = [(16384, 2048), (2048, 8192), (6144, 4096), (4096, 4096), (4096, 14336), (28672, 4096), (3072, 2048), (2048, 2048), (1024, 4096)]
   monkeypatch.setattr(quant, "TC_MIN_PART", 256)
-  assert [quant.tc_parts(K, O) for O, K in shapes] == [4, 32, 16, 16, 28, 4]
+  assert [quant.tc_parts(K, O) for O, K in shapes] == [4, 32, 16, 16, 28, 4, 8, 8, 16]
   monkeypatch.setattr(quant, "TC_MIN_PART", 512)
-  assert [quant.tc_parts(K, O) for O, K in shapes] == [4, 16, 8, 8, 28, 4]
+  assert [quant.tc_parts(K, O) for O, K in shapes] == [4, 16, 8, 8, 28, 4, 8, 8, 16]
   monkeypatch.setattr(quant, "TC_MIN_PART", 4096)  # longer than TC_PART_LEN's parts: those stay
-  assert [quant.tc_parts(K, O) for O, K in shapes] == [2, 8, 4, 4, 14, 4]
+  assert [quant.tc_parts(K, O) for O, K in shapes] == [2, 8, 4, 4, 14, 4, 8, 8, 16]
+  monkeypatch.setattr(quant, "TC_WARPS", 512)  # the default's split is TC_MIN_PART 256's, checked by test_tc_parts
+  monkeypatch.setattr(quant, "TC_MIN_PART", 512)
+  assert [quant.tc_parts(K, O) for O, K in shapes] == [2, 16, 8, 8, 14, 4, 8, 8, 16]
   assert quant.tc_min_part({}) == 256 and quant.tc_min_part({"ORIN_LLM_TC_MIN_PART": " 512 "}) == 512
   for bad in ("0", "300", "many", "131072", "-256"):
     with pytest.raises(OrinError, match="ORIN_LLM_TC_MIN_PART"): quant.tc_min_part({"ORIN_LLM_TC_MIN_PART": bad})
