@@ -449,7 +449,8 @@ TC_CHUNK_ROWS = count_knob("ORIN_LLM_TC_CHUNK_ROWS", MATMUL_ROWS, 1 << 16)
 # own (x * w / rms, each tile reading its part of x, the norm's weight and the rows' factors): 2 kernels a layer fewer
 # in the verify and batch steps (rendered for sm_90, the products keep their tensor core and opts). Those kernels took
 # 137 us of the 8B's verify8 (2.1 us each) and 48 us of the 1B's 4-row step (graph ablations, H100, forty-sixth and
-# forty-ninth sessions). The attention's output and SiLU * up keep their copies (the thirty-fifth session's loss above)
+# forty-ninth sessions). The attention's output and SiLU * up keep their copies (tc_product's comment on x's copy: the
+# thirty-fifth session's loss with the attention's output inlined)
 TC_NORM_INLINE = count_knob("ORIN_LLM_TC_NORM_INLINE", 0, 1)
 
 def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT, members: tuple[int, ...] = (), normed: bool = False) -> Tensor | list[Tensor]:
