@@ -258,15 +258,14 @@ class Fused:
       n = next(n for n in range(len(members), 0, -1) if prefix + run_name(name, members[:n]) + ".weight" in w)
       self.parts.append(w[prefix + run_name(name, members[:n]) + ".weight"])
       members = members[n:]
-  def __call__(self, x: Tensor, apart: bool = False, normed: bool = False) -> list[Tensor]:
+  def __call__(self, x: Tensor, apart: bool = False) -> list[Tensor]:
     """apart: with quant.SPLIT_SUMS, the tensor-core form sums each member's parts apart, for a next kernel that reads
     each member's outputs once (SiLU(gate) * up). Not Q+K+V: the query's and key's rotation read each output twice,
-    and tinygrad wrote their sums in kernels of their own (rendered for sm_90: 3 kernels became 4). normed: x is a
-    norm's output (quant.tc_product's)."""
+    and tinygrad wrote their sums in kernels of their own (rendered for sm_90: 3 kernels became 4)."""
     out = []
     for wt in self.parts:
-      if apart and quant.SPLIT_SUMS and wt.splits and wt.tc_form(x): out += wt.members(x, normed); continue
-      y = wt(x, normed)
+      if apart and quant.SPLIT_SUMS and wt.splits and wt.tc_form(x): out += wt.members(x); continue
+      y = wt(x)
       # a part of several in the affine form gets a kernel of its own: alone (Q4_K_M's Q6_K attn_v beside attn_q+attn_k),
       # tinygrad fused it into the kernel storing the keys and values, which tinygrad's heuristic (patch 0039) does not lay
       # out: one thread a weight row, the 8B Q4_K_M's decode 17% slower (docs/PERF.md, twenty-seventh session)
@@ -289,7 +288,7 @@ class Block:
   def attention(self, x: Tensor, rows: Rows, rope: Tensor, pos: Tensor) -> Tensor:
     c, B, T = self.cfg, rows.B, rows.T
     N = B * T
-    q, k, v = self.qkv(rms_norm(x, self.attn_norm, c.norm_eps), normed=True)
+    q, k, v = self.qkv(rms_norm(x, self.attn_norm, c.norm_eps))
     q, k, v = q.reshape(N, c.n_heads, c.head_dim), k.reshape(N, c.n_kv_heads, c.head_dim), v.reshape(N, c.n_kv_heads, c.head_dim)
     if c.qk_norm:
       # every head's RMSNorm factor in one reduction over the queries and keys side by side (one buffer where Q and K are
@@ -417,7 +416,7 @@ class Block:
 
   def __call__(self, x: Tensor, rows: Rows, rope: Tensor, pos: Tensor) -> Tensor:
     h = x + self.attention(x, rows, rope, pos)
-    gate, up = self.gate_up(rms_norm(h, self.ffn_norm, self.cfg.norm_eps), apart=True, normed=True)
+    gate, up = self.gate_up(rms_norm(h, self.ffn_norm, self.cfg.norm_eps), apart=True)
     # SiLU(gate) * up computed once into a buffer: inside the down projection every thread's rows recomputed it
     # (an exp and a reciprocal per element and row group, which made that matvec compute-bound on the H200). A prefill
     # chunk's product makes its float16 input itself (quant: the matrix form), here computed in that same kernel: written
@@ -451,4 +450,4 @@ class Transformer:
       ns = n if isinstance(n, tuple) else (rows.T if n is None else n,) * rows.B
       picks = [x[b * rows.T + k - 1:b * rows.T + k] for b, k in enumerate(ns)]
       x = picks[0].cat(*picks[1:]) if len(picks) > 1 else picks[0]
-    return self.output(rms_norm(x, self.output_norm, self.cfg.norm_eps), normed=True)
+    return self.output(rms_norm(x, self.output_norm, self.cfg.norm_eps))

@@ -444,16 +444,7 @@ def takes_tc(qtype: QT, rows, weights: int, device) -> bool:
 # rows: the 8B's pp512 with the form for 512-row chunks was 3187 tok/s against the scratch's 7345 (same call). ORIN_LLM_TC_CHUNK_ROWS=n (0: every chunk the scratch's way; part of the steps file's key).
 TC_CHUNK_ROWS = count_knob("ORIN_LLM_TC_CHUNK_ROWS", MATMUL_ROWS, 1 << 16)
 
-# ORIN_LLM_TC_NORM_INLINE=1 (an experiment's knob; part of the steps file's key; default 0): a norm's output (normed:
-# Q+K+V, gate+up, the head) has its float16 copy computed in the product's tiles rather than written by a kernel of its
-# own (x * w / rms, each tile reading its part of x, the norm's weight and the rows' factors): 2 kernels a layer fewer
-# in the verify and batch steps (rendered for sm_90, the products keep their tensor core and opts). Those kernels took
-# 137 us of the 8B's verify8 (2.1 us each) and 48 us of the 1B's 4-row step (graph ablations, H100, forty-sixth and
-# forty-ninth sessions). The attention's output and SiLU * up keep their copies (tc_product's comment on x's copy: the
-# thirty-fifth session's loss with the attention's output inlined)
-TC_NORM_INLINE = count_knob("ORIN_LLM_TC_NORM_INLINE", 0, 1)
-
-def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT, members: tuple[int, ...] = (), normed: bool = False) -> Tensor | list[Tensor]:
+def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT, members: tuple[int, ...] = ()) -> Tensor | list[Tensor]:
   """x (T, I) @ W.T in one kernel that tensor cores can take: W in float16, computed from its pieces cast to float16
   (u*a + b). The pieces, not the dequantized float32 W, are cast: a cast of W (an elementwise node between the rows'
   broadcast and a computation reading more than 3 buffers) made tinygrad write W to memory in a kernel of its own
@@ -463,7 +454,7 @@ def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT, members: tuple[i
   float16 copies round W once); sums in float32. A group scale under float16's normal range (~6e-5: weights under
   ~1e-3) keeps fewer bits than W's own rounding would.
   members (the row counts of the matrices W stacks, QuantWeight.splits): the list of their products, each member's
-  parts summed apart (SPLIT_SUMS). normed: x is a norm's output, whose float16 copy TC_NORM_INLINE computes in the tiles."""
+  parts summed apart (SPLIT_SUMS)."""
   u, a, b, G = affine(planes, qtype)
   (O, I), T, S = u.shape, x.shape[0], tc_parts(u.shape[1], u.shape[0])
   # the reduction in S parts side by side (S times the warps: a warp takes 16 weight rows, and the 1B's Q/K/V has 192
@@ -475,10 +466,11 @@ def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT, members: tuple[i
   if b is not None: w = w + part(_per_group(b.cast(dtypes.float16), G))
   # x in float16 written once by a small kernel: each warp's tile reads all of it, and inlined its computation ran in
   # every tile (the 8B's attn_output, whose x is the attention's output in a padded view, got a reduction padded to
-  # 16 from 8, half its lanes idle: 80 us in the step where one sum took 36; H200, thirty-fifth session)
+  # 16 from 8, half its lanes idle: 80 us in the step where one sum took 36; H200, thirty-fifth session). So too a norm's
+  # output (x * w / rms computed in the tiles of Q+K+V, gate+up and the head, 2 kernels a layer fewer): the 8B Q4_K_M's
+  # verify4 / verify8 at depth 64 5.39-5.46 -> 6.00-6.10 / 5.83-5.84 -> 7.80-7.91 ms (H100, BEAM=0, fifty-second session)
   x16 = pair_order(x.cast(dtypes.float16)) if pairs else x.cast(dtypes.float16)  # (the groups' scales are in whole words)
-  if not (normed and TC_NORM_INLINE): x16 = x16.contiguous()
-  y = (w * x16.reshape(T, 1, S, I // S)).sum(-1, dtype=dtypes.float32)  # (T, O, S)
+  y = (w * x16.contiguous().reshape(T, 1, S, I // S)).sum(-1, dtype=dtypes.float32)  # (T, O, S)
   if S > 1 and members: return [m.sum(-1) for m in y.contiguous().split(list(members), dim=1)]  # each member's parts apart
   y = y.reshape(T, O) if S == 1 else y.contiguous().sum(-1)
   return y.split(list(members), dim=-1) if members else y
@@ -609,15 +601,15 @@ class QuantWeight:
     """Whether __call__ takes tc_product's form: tc, where x is not a prefill chunk, or a chunk of at most
     TC_CHUNK_ROWS rows and no float16 copy."""
     return self.tc(x) and (not as_matrix(x.shape[0]) or (self.dense is None and x.shape[0] <= TC_CHUNK_ROWS))
-  def members(self, x: Tensor, normed: bool = False) -> list[Tensor]:
+  def members(self, x: Tensor) -> list[Tensor]:
     """x @ W.T of each matrix this weight stacks (splits), in order, in tc_product's form (where tc_form says it takes
-    it: model.Fused checks) with each member's parts summed apart (SPLIT_SUMS). normed: as tc_product's."""
-    return tc_product(x, self.planes, self.qtype, self.splits, normed)
+    it: model.Fused checks) with each member's parts summed apart (SPLIT_SUMS)."""
+    return tc_product(x, self.planes, self.qtype, self.splits)
   def rows_of(self, idx: Tensor) -> Tensor:
     """Dequantized rows idx (an int tensor of any shape) -> (*idx.shape, cols): the embedding lookup."""
     return dequantize({k: p[idx] for k, p in self.planes.items()}, self.qtype)
-  def __call__(self, x: Tensor, normed: bool = False) -> Tensor:
-    """x (T, cols) -> x @ W.T (T, rows); normed: x is a norm's output (tc_product's). A few rows (decode): the weights are dequantized inside the reduction,
+  def __call__(self, x: Tensor) -> Tensor:
+    """x (T, cols) -> x @ W.T (T, rows). A few rows (decode): the weights are dequantized inside the reduction,
     each read once from the planes; from TC_ROWS rows on, a large Q4_K matrix on a device with tensor cores in
     tc_product's form (dequantized in float16 inside the product's kernel). From MATMUL_ROWS rows on (a prefill
     chunk): the matrix is dequantized once into a float16 scratch buffer and multiplied in float16 with float32 sums, the form tinygrad maps to tensor
@@ -626,7 +618,7 @@ class QuantWeight:
     every dequantization depends on weights alone, the scheduler ran them all up front and the prefill step
     held the whole model in float16 (1B: 1.9 GB). With a float16 copy kept (dense) that copy is the
     matrix: no dequantization in the step. Without one, a chunk of at most TC_CHUNK_ROWS rows takes tc_product's form."""
-    if self.tc_form(x): return tc_product(x, self.planes, self.qtype, normed=normed)
+    if self.tc_form(x): return tc_product(x, self.planes, self.qtype)
     if as_matrix(x.shape[0]):
       x16 = x.cast(dtypes.float16).contiguous()
       if self.dense is not None: w = self.dense

@@ -59,18 +59,16 @@ def test_greedy_output_is_the_plain_paths(models, rng, source):
   assert sp.steps > 0, sp.stats()
   if source != "draft-other": assert sp.accepted > 0, sp.stats()  # verify steps accepted something
 
-@pytest.mark.parametrize("qtype,split_sums,norm_inline", [(QT.Q4_K, 1, 0), (QT.Q6_K, 1, 0), (QT.Q4_K, 0, 0), (QT.Q4_K, 1, 1)],
-                         ids=["Q4_K", "Q6_K", "Q4_K-whole-sums", "Q4_K-norm-inline"])
-def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch, qtype, split_sums, norm_inline):
+@pytest.mark.parametrize("qtype,split_sums", [(QT.Q4_K, 1), (QT.Q6_K, 1), (QT.Q4_K, 0)], ids=["Q4_K", "Q6_K", "Q4_K-whole-sums"])
+def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch, qtype, split_sums):
   """ORIN_LLM_TC_ROWS=2 (quant.tc_product: a verify step's Q4_K products, and Q6_K's from 4 rows, with float16 weights,
   decode's in float32): greedy output with n-gram proposals is still the plain path's, up to near ties; the form did
   run inside verify steps, Q6_K's only in those of its floor's rows or more (quant.TC_TYPES). Both paths prefill with the knob on (chunks
   of 8 rows take the form too): verify is checked against decode. On the CPU, which has no tensor cores, the form's
   arithmetic is what runs, not its kernels' layout. quant.SPLIT_SUMS as by default (gate+up's members summed apart), and 0
-  (summed whole); quant.TC_NORM_INLINE off (the default) and on (the norms' outputs computed in the products' tiles)."""
+  (summed whole)."""
   from orin_llm import quant
   monkeypatch.setattr(quant, "SPLIT_SUMS", split_sums)
-  monkeypatch.setattr(quant, "TC_NORM_INLINE", norm_inline)
   monkeypatch.setattr(quant, "TC_ROWS", 2)
   monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)  # the tiny model's matrices are all under the floor
   monkeypatch.setattr(quant, "has_tensor_cores", lambda device: True)  # the CPU's renderer has none
@@ -79,9 +77,7 @@ def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch, qty
   # the form's products built inside verify steps (prompt chunks of 8 rows take it too)
   calls, real, verifying = [], quant.tc_product, []
   members = []  # the products that summed their members apart (split_sums)
-  normed_rows = []  # the products whose input was a norm's output
-  monkeypatch.setattr(quant, "tc_product", lambda x, p, q, m=(), normed=False: (verifying and calls.append(x.shape[0]))
-                      or (m and members.append(m)) or (normed and normed_rows.append(x.shape[0])) or real(x, p, q, m, normed))
+  monkeypatch.setattr(quant, "tc_product", lambda x, p, q, m=(): (verifying and calls.append(x.shape[0])) or (m and members.append(m)) or real(x, p, q, m))
   real_verify = eng.verify
   def verify(*a, **k):
     verifying.append(1)
@@ -98,7 +94,6 @@ def test_greedy_output_with_the_tensor_core_form(tmp_path, rng, monkeypatch, qty
   assert min(calls) >= max(2, quant.TC_TYPES[qtype]), calls  # under its type's floor, one sum
   assert bool(members) == bool(split_sums), members  # gate+up's two members, where the knob is on
   assert all(len(m) == 2 for m in members), members
-  assert normed_rows, normed_rows  # Q+K+V, gate+up and the head say so
 
 @pytest.mark.parametrize("matrix_rows,merged", [(None, 0), (32, 0), (None, 8)])
 def test_greedy_output_with_each_verify_attention(tmp_path, rng, monkeypatch, matrix_rows, merged):

@@ -169,7 +169,7 @@ def test_chunk_rows_knob(monkeypatch, rng):
   monkeypatch.setattr(quant, "has_tensor_cores", lambda device: device == "CPU")  # as a GPU's renderer would say
   monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)
   calls, real = [], quant.tc_product
-  monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype, m=(), normed=False: calls.append(x.shape[0]) or real(x, planes, qtype, m, normed))
+  monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype, m=(): calls.append(x.shape[0]) or real(x, planes, qtype, m))
   O, K, R = 16, 512, quant.MATMUL_ROWS
   for qt in (QT.Q4_K, QT.Q6_K):
     raw = random_raw(qt, O, K, rng)
@@ -258,7 +258,7 @@ def test_the_knob(monkeypatch, tmp_path):
   # a Q4_K weight's product takes the form from TC_ROWS rows on, up to MATMUL_ROWS, if the matrix has TC_MIN_WEIGHTS
   # weights or more; a Q6_K weight's from 4 rows with its codes in pairs (the default: quant.TC_TYPES), from 8 without
   calls = []
-  monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype, normed=False: calls.append((qtype, x.shape[0])) or Tensor.zeros(x.shape[0], 16))
+  monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype: calls.append((qtype, x.shape[0])) or Tensor.zeros(x.shape[0], 16))
   rng = np.random.default_rng()
   monkeypatch.setattr(quant, "has_tensor_cores", lambda device: device == "CPU")  # as a GPU's renderer would say
   for floor in (16 * 256, 16 * 256 + 1):
@@ -273,7 +273,7 @@ def test_the_knob(monkeypatch, tmp_path):
   assert calls == [(QT.Q4_K, 4), (QT.Q4_K, 8), (QT.Q6_K, 4), (QT.Q6_K, 8)]  # the 16x256 matrix at the floor, none under it
   # a device whose renderer has no tensor cores (tinygrad's CPU backend) keeps one sum
   monkeypatch.undo()
-  monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype, normed=False: calls.append((qtype, x.shape[0])) or Tensor.zeros(x.shape[0], 16))
+  monkeypatch.setattr(quant, "tc_product", lambda x, planes, qtype: calls.append((qtype, x.shape[0])) or Tensor.zeros(x.shape[0], 16))
   monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)
   monkeypatch.setattr(quant, "TC_ROWS", 4)
   assert not quant.has_tensor_cores("CPU")
@@ -301,7 +301,7 @@ def test_a_batch_step_in_the_form(tmp_path, rng, monkeypatch, pairs):
   prompts = [rng.integers(0, V, int(n)).tolist() for n in rng.choice(np.arange(3, 30), 3, replace=False)]
   logits, calls = {}, []
   real = quant.tc_product
-  monkeypatch.setattr(quant, "tc_product", lambda x, p, q, m=(), normed=False: calls.append(x.shape[0]) or real(x, p, q, m, normed))
+  monkeypatch.setattr(quant, "tc_product", lambda x, p, q, m=(): calls.append(x.shape[0]) or real(x, p, q, m))
   monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)  # the tiny model's matrices are all under the floor
   monkeypatch.setattr(quant, "has_tensor_cores", lambda device: True)  # the form's arithmetic on the CPU
   for on in (0, 2):
@@ -378,36 +378,3 @@ def test_split_sums(qtype, monkeypatch, rng):
     with pytest.raises(OrinError, match="ORIN_LLM_SPLIT_SUMS"): quant.split_sums({"ORIN_LLM_SPLIT_SUMS": bad})
   monkeypatch.setattr(quant, "SPLIT_SUMS", 0)
   assert step_cache._opts_env()["ORIN_LLM_SPLIT_SUMS"] == "0"
-
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
-def test_norm_inline(qtype, monkeypatch, rng):
-  """quant.TC_NORM_INLINE (ORIN_LLM_TC_NORM_INLINE, off by default): a norm's output (normed) has its float16 copy
-  computed in the product's tiles, not written by a kernel of its own: one kernel fewer, the same product as gguf's
-  float64 one of the float64 norm; an input not said to be normed keeps its copy; the knob in the steps file's key."""
-  from tinygrad.uop.ops import Ops
-  from orin_llm import step_cache
-  from orin_llm.model import rms_norm
-  assert quant.TC_NORM_INLINE == 0  # off unless set
-  monkeypatch.setattr(quant, "has_tensor_cores", lambda device: device == "CPU")  # as a GPU's renderer would say
-  monkeypatch.setattr(quant, "TC_MIN_WEIGHTS", 0)
-  O, K, R = 32, 2048, 8
-  raw = random_raw(qtype, O, K, rng)
-  qw = QuantWeight.from_raw(raw.reshape(-1), qtype, O, K, "CPU")
-  h = rng.normal(size=(R, K)).astype(np.float32) * rng.uniform(0.5, 4, size=(R, 1)).astype(np.float32)  # rows of other scales
-  nw = rng.uniform(0.5, 1.5, size=K).astype(np.float32)
-  h64 = h.astype(np.float64)
-  ref = (h64 / np.sqrt((h64 ** 2).mean(-1, keepdims=True) + 1e-5) * nw) @ gguf_dequantize(raw, qtype).reshape(O, K).astype(np.float64).T
-  kernels = lambda t: sum(c.op is Ops.CALL and c.src[0].op is Ops.SINK for c in t.linear_with_vars()[0].src)
-  got = {}
-  for knob, normed in ((0, True), (1, True), (1, False)):
-    monkeypatch.setattr(quant, "TC_NORM_INLINE", knob)
-    y = lambda: qw(rms_norm(Tensor(h, device="CPU"), Tensor(nw, device="CPU"), 1e-5), normed=normed).contiguous()
-    out = y().numpy()
-    got[knob, normed] = kernels(y())  # scheduled only, after the run
-    assert np.abs(out - ref).max() / np.abs(ref).max() < 3e-3, (knob, normed)
-  # the norm's sum, x's float16 copy, the product, its parts' sum; inlined: no copy
-  assert got == {(0, True): 4, (1, True): 3, (1, False): 4}, got
-  assert "ORIN_LLM_TC_NORM_INLINE" not in step_cache._opts_env()
-  monkeypatch.setenv("ORIN_LLM_TC_NORM_INLINE", "1")
-  assert step_cache._opts_env()["ORIN_LLM_TC_NORM_INLINE"] == "1"
-  with pytest.raises(OrinError, match="ORIN_LLM_TC_NORM_INLINE"): quant.count_knob("ORIN_LLM_TC_NORM_INLINE", 0, 1, {"ORIN_LLM_TC_NORM_INLINE": "2"})
