@@ -492,41 +492,32 @@ SPLIT_SUMS = split_sums()
 # part) stay a few percent of the weights' bytes (~0.56 a weight for Q4_K): 8 rows, Q4_K, parts of 1024: 5.6%
 TC_PART_LEN = 1024
 # ... unless the matrix has too few weight rows to give the GPU TC_WARPS warps that way (a warp takes 64 weight rows of
-# one part: tinygrad's hand-coded UPCAST 0 4): then more parts, down to 256 long (a K-quant block). In parts of 1024 the
+# one part: tinygrad's hand-coded UPCAST 0 4): then more parts, down to 256 long (a K-quant block),
+# while the warps stay within TC_WARPS (below). In parts of 1024 the
 # 8B's attn_output (4096 x 4096) had 256 warps and its attn_v 64 (so it stayed under TC_MIN_WEIGHTS, in one sum: 31 us
 # a layer for 8 rows against decode's 5.6). Measured at BEAM=0 on an H200 (docs/PERF.md, fortieth session), with
 # TC_MIN_WEIGHTS lowered from 1 << 23 to 1 << 22 in the same change: the 8B Q4_K_M's verify steps of 4 / 8 rows 6.85 ->
 # 6.11 / 7.01 -> 6.50 ms; the 1B Q6_K's 8-row batch step 2.808 -> 2.498 ms (4 rows: Q6_K takes the form from 8).
-# ORIN_LLM_TC_WARPS (an experiment's knob; part of the steps file's key): 0 gives parts of TC_PART_LEN only
-TC_WARPS = count_knob("ORIN_LLM_TC_WARPS", 512, 1 << 20)
-# ORIN_LLM_TC_WARPS=1024 made the 1B Q6_K's batch steps faster (4 rows 1.557-1.561 -> 1.472-1.477 ms, 8 rows 1.676-1.677
-# -> 1.619-1.621; H100, BEAM=0, fifty-first session: its gate+up went to parts of 512, its ffn_down to parts of 256) where
-# it had made the 8B's verify8 slower (+0.47 ms, H200, forty-first session: its Q+K+V and attn_output went to parts of
-# 256, its ffn_down to 512). ORIN_LLM_TC_MIN_PART (an experiment's knob; part of the steps file's key): the shortest part
-# the split for TC_WARPS may make where it reaches TC_WARPS, a multiple of 256 (default 256: a K-quant block), to time the
-# two apart: at 1024 warps with 512, the 1B's 4-row step changes only its gate+up, the 8B's verify8 only its ffn_down
-# (rendered for sm_90); the matrices too small for TC_WARPS (the 1B's Q+K+V and attn_output, the 8B's attn_v) keep
-# their most parts
-def tc_min_part(env=os.environ) -> int:
-  """ORIN_LLM_TC_MIN_PART: a multiple of 256 from 256 to 65536 (default 256)."""
-  raw = env.get("ORIN_LLM_TC_MIN_PART", "256").strip()
-  if not raw.isdigit() or int(raw) % 256 or not 256 <= int(raw) <= 65536:
-    raise OrinError(f"ORIN_LLM_TC_MIN_PART={raw!r}: a multiple of 256 from 256 to 65536 is needed (default 256)")
-  return int(raw)
-TC_MIN_PART = tc_min_part()
+# ORIN_LLM_TC_WARPS (an experiment's knob; part of the steps file's key): 0 gives parts of TC_PART_LEN only.
+# A ceiling, not a target: the split stops where one more step would pass it. As a target (split until the warps reach
+# it) 1024 made the 1B Q6_K's batch steps faster (its gate+up 512 -> 1024 warps in parts of 512, its ffn_down 512 ->
+# 1024 in parts of 256) and the 8B's verify8 slower: +0.45-0.60 ms, its ffn_down 896 -> 1792 warps alone +0.3-0.55 (H100,
+# BEAM=0, fifty-second session; the forty-first's +0.47 on an H200). As a ceiling the 8B's ffn_down (896) and Q+K+V
+# (768) stay, its attn_output goes 512 -> 1024 warps. Against the target of 512 before it (H100, BEAM=0, alternated
+# processes, fifty-second session): the 1B's batch steps of 4 rows 1.541-1.545 -> 1.443-1.445 ms, of 8 rows 1.653-1.654
+# -> 1.593; the 8B's verify8 at depth 64 5.79-5.96 -> 5.82-6.00 ms, at 4000 6.82-6.97 -> 6.76-6.96 (three processes each:
+# unchanged), verify4 5.48-5.57 -> 5.37-5.49. The seeds' other shapes: the 3B's gate and gate+up go to 768 / 1024
+# warps, Qwen3's are unchanged (tests/test_tc_rows.py).
+TC_WARPS = count_knob("ORIN_LLM_TC_WARPS", 1024, 1 << 20)
 TC_ROWS_A_WARP = 64
 def tc_parts(cols: int, rows: int) -> int:
-  """The parts tc_product splits a reduction of cols into: the most that divide it into whole 256-blocks of at least
-  TC_PART_LEN, or more (parts of at least 256) until rows // TC_ROWS_A_WARP times the parts reaches TC_WARPS, where the
-  parts reaching it are at least TC_MIN_PART long (else the most parts of that length); a matrix that no split brings to
-  TC_WARPS takes the most parts (of 256)."""
+  """The parts tc_product splits a reduction of cols into: the most that divide it into whole 256-blocks (a K-quant
+  block) and are at least as many as parts of TC_PART_LEN make, while rows // TC_ROWS_A_WARP (the warps' tiles) times
+  the parts stays within TC_WARPS; the parts of TC_PART_LEN where even they pass it."""
   ok = [s for s in range(1, cols // 256 + 1) if cols % s == 0 and (cols // s) % 256 == 0]
   base = max([s for s in ok if cols // s >= TC_PART_LEN] or [1])
   tiles = max(rows // TC_ROWS_A_WARP, 1)  # (a matrix under 64 rows: the CPU tests' small ones)
-  reach = [s for s in ok if s >= base and tiles * s >= TC_WARPS]  # TC_WARPS 0: base first
-  if not reach: return max(ok or [1])  # too few rows for TC_WARPS at any split: the most parts
-  # where TC_MIN_PART stops the split short of TC_WARPS: the most parts it allows
-  return next((s for s in reach if cols // s >= TC_MIN_PART), max(s for s in ok if s == base or base <= s and cols // s >= TC_MIN_PART))
+  return max([s for s in ok if s >= base and tiles * s <= TC_WARPS] or [base])
 # A matrix product's output tiles each walk the whole reduction in turn; with few rows there are few tiles: the 32-row
 # chunk's products ran at 125-820 GB/s of weights after a full search (ffn_down, 8192 long: 155 us a layer; H200, 1B
 # Q6_K, eighteenth session, docs/PERF.md). So the reduction is split into parts, multiplied side by side (one more

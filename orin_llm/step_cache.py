@@ -72,13 +72,13 @@ def _opts_env() -> dict:
   FEW_ROW_SQUARES; the BEAM search's bounds), which the
   kernel database does not key, the decode attention's segments (model.SEGMENTS), the chunk products' split
   (quant.SPLIT_LEN), the affine form's types, rows and codes (quant.AFFINE, AFFINE_ROWS, ORIN_LLM_AFFINE_MANTISSA), the few rows' tensor-core form
-  (quant.TC_ROWS, its parts, floor and codes: ORIN_LLM_TC_WARPS, ORIN_LLM_TC_MIN_PART, ORIN_LLM_TC_MIN_WEIGHTS, ORIN_LLM_TC_PAIRS,
+  (quant.TC_ROWS, its parts, floor and codes: ORIN_LLM_TC_WARPS, ORIN_LLM_TC_MIN_WEIGHTS, ORIN_LLM_TC_PAIRS,
   ORIN_LLM_TC_CHUNK_ROWS, ORIN_LLM_SPLIT_SUMS), the several
   sequences' one store (model.ONE_STORE: ORIN_LLM_ONE_STORE), the short steps' bound (model.SHORT_KEYS) and the steps BEAM searches
   (settings.BEAM_STEPS): steps compiled under other values
   are other programs."""
   from orin_llm.settings import SEARCH_DEFAULTS
-  env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("MV_", "TC_")) or k in ("RED_KEYS", "GROUP_ONE", "ROW_SQUARES", "FEW_ROW_SQUARES", "ORIN_LLM_DECODE_SEGMENTS", "ORIN_LLM_ATTN_MATRIX_ROWS", "ORIN_LLM_MERGED_SCORES_ROWS", "ORIN_LLM_CHUNK_SPLIT", "ORIN_LLM_CHUNK_PV_PARTS", "ORIN_LLM_GROUP_ROWS", "ORIN_LLM_TC_WARPS", "ORIN_LLM_TC_MIN_PART", "ORIN_LLM_TC_MIN_WEIGHTS", "ORIN_LLM_TC_PAIRS", "ORIN_LLM_AFFINE_MANTISSA", "ORIN_LLM_ONE_STORE")}
+  env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("MV_", "TC_")) or k in ("RED_KEYS", "GROUP_ONE", "ROW_SQUARES", "FEW_ROW_SQUARES", "ORIN_LLM_DECODE_SEGMENTS", "ORIN_LLM_ATTN_MATRIX_ROWS", "ORIN_LLM_MERGED_SCORES_ROWS", "ORIN_LLM_CHUNK_SPLIT", "ORIN_LLM_CHUNK_PV_PARTS", "ORIN_LLM_GROUP_ROWS", "ORIN_LLM_TC_WARPS", "ORIN_LLM_TC_MIN_WEIGHTS", "ORIN_LLM_TC_PAIRS", "ORIN_LLM_AFFINE_MANTISSA", "ORIN_LLM_ONE_STORE")}
   from orin_llm import quant
   # as in effect: unset and 1 are the same programs, so are "Q4_K,Q6_K" and "Q6_K,Q4_K", and any rows with no type
   env["ORIN_LLM_AFFINE"] = ",".join(sorted(t.name for t in quant.AFFINE))

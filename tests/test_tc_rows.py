@@ -23,7 +23,7 @@ def random_raw(qtype, O, K, rng):
 
 # the reduction's parts (quant.tc_parts): with TC_WARPS 0, K=512 whole and K=2048 in two; with the default, the 16-row
 # matrix (one warp's tile short) takes the most parts, 256 long: 2 and 8
-@pytest.mark.parametrize("warps", [0, 512])
+@pytest.mark.parametrize("warps", [0, 1024])
 @pytest.mark.parametrize("K", [512, 2048])
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q5_K, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1], ids=lambda q: q.name)
 def test_tc_product_matches_gguf(qtype, K, warps, rng, monkeypatch):
@@ -32,7 +32,7 @@ def test_tc_product_matches_gguf(qtype, K, warps, rng, monkeypatch):
   is of the output's own size)."""
   monkeypatch.setattr(quant, "TC_WARPS", warps)
   O, R = 16, int(rng.integers(2, 9))
-  assert quant.tc_parts(K, O) == {(0, 512): 1, (0, 2048): 2, (512, 512): 2, (512, 2048): 8}[warps, K]
+  assert quant.tc_parts(K, O) == {(0, 512): 1, (0, 2048): 2, (1024, 512): 2, (1024, 2048): 8}[warps, K]
   raw = random_raw(qtype, O, K, rng)
   x = rng.normal(size=(R, K)).astype(np.float32)
   qw = QuantWeight.from_raw(raw.reshape(-1), qtype, O, K, "CPU")
@@ -72,41 +72,31 @@ def test_pair_codes(qtype, rng, monkeypatch):
   assert str(0x64006400) + "u" in srcs[1] and str(0x64006400) + "u" not in srcs[0] and "__WMMA" in srcs[1]
 
 def test_tc_parts(monkeypatch):
-  """Parts of at least TC_PART_LEN (1024), or more, down to 256 long, until the matrix's 64-row warp tiles times the parts
-  reach TC_WARPS (512): the 8B's and 1B's shapes (weight rows, columns) -> parts."""
-  monkeypatch.setattr(quant, "TC_WARPS", 512)
-  shapes = {(28672, 4096): 4, (4096, 14336): 14, (4096, 4096): 8, (1024, 4096): 16, (6144, 4096): 8, (128256, 4096): 4,
-            (16384, 2048): 2, (2048, 8192): 16, (3072, 2048): 8, (2048, 2048): 8, (128256, 2048): 2}
+  """Parts of at least TC_PART_LEN (1024), or more, down to 256 long, while the matrix's 64-row warp tiles times the parts
+  stay within TC_WARPS (1024, a ceiling): the seeds' shapes (weight rows, columns) -> parts. The 8B's ffn_down keeps 14
+  parts (896 warps; 28 gave 1792 and a slower verify step, docs/PERF.md, fifty-second session) where the 1B's goes to 32
+  (1024 warps; its batch steps' gain)."""
+  assert quant.TC_WARPS == 1024  # the default, unset
+  shapes = {(28672, 4096): 4, (4096, 14336): 14, (4096, 4096): 16, (1024, 4096): 16, (6144, 4096): 8, (128256, 4096): 4,  # 8B
+            (16384, 2048): 4, (2048, 8192): 32, (3072, 2048): 8, (2048, 2048): 8, (128256, 2048): 2,  # 1B
+            (5120, 3072): 12, (8192, 3072): 6, (16384, 3072): 4, (3072, 8192): 16,  # 3B: Q+K+V, gate, gate+up, ffn_down
+            (4096, 2048): 8, (12288, 2048): 4, (2048, 6144): 24}  # Qwen3-1.7B: Q+K+V, gate+up, ffn_down
   assert {k: quant.tc_parts(k[1], k[0]) for k in shapes} == shapes
-  for (O, K), S in shapes.items():  # whole K-quant blocks a part, and no fewer parts than 1024 long would give
-    assert K % S == 0 and (K // S) % 256 == 0 and (K // S <= 1024 or K // S == K)
+  for (O, K), S in shapes.items():
+    ok = [s for s in range(1, K // 256 + 1) if K % s == 0 and (K // s) % 256 == 0]
+    base = max([s for s in ok if K // s >= 1024] or [1])
+    assert S in ok and S >= base  # whole K-quant blocks a part, and no fewer parts than 1024 long would give
+    assert O // 64 * S <= 1024 or S == base  # within the ceiling, unless parts of 1024 already pass it
+    assert all(O // 64 * s > 1024 for s in ok if s > S)  # and no more parts stay within it
+  monkeypatch.setattr(quant, "TC_WARPS", 512)
+  assert [quant.tc_parts(K, O) for O, K in shapes] == [4, 14, 8, 16, 4, 4, 2, 16, 8, 8, 2, 6, 4, 3, 8, 8, 2, 12]
   monkeypatch.setattr(quant, "TC_WARPS", 0)  # parts of 1024 only, as before the knob
-  assert [quant.tc_parts(K, O) for O, K in shapes] == [4, 14, 4, 4, 4, 4, 2, 8, 2, 2, 2]
-
-def test_tc_min_part(monkeypatch):
-  """With TC_WARPS 1024, the split that reaches it stops at parts of TC_MIN_PART: at 256 (the default) the 1B's gate+up
-  takes parts of 512 and its ffn_down of 256, the 8B's Q+K+V and attn_output of 256; at 512 the ffn_down and the 8B's
-  two keep 512; never fewer parts than TC_PART_LEN gives. Matrices that no split brings to TC_WARPS (the 1B's Q+K+V and
-  attn_output, the 8B's attn_v) keep their most parts whatever TC_MIN_PART is."""
-  monkeypatch.setattr(quant, "TC_WARPS", 1024)
-  shapes = [(16384, 2048), (2048, 8192), (6144, 4096), (4096, 4096), (4096, 14336), (28672, 4096), (3072, 2048), (2048, 2048), (1024, 4096)]
-  monkeypatch.setattr(quant, "TC_MIN_PART", 256)
-  assert [quant.tc_parts(K, O) for O, K in shapes] == [4, 32, 16, 16, 28, 4, 8, 8, 16]
-  monkeypatch.setattr(quant, "TC_MIN_PART", 512)
-  assert [quant.tc_parts(K, O) for O, K in shapes] == [4, 16, 8, 8, 28, 4, 8, 8, 16]
-  monkeypatch.setattr(quant, "TC_MIN_PART", 4096)  # longer than TC_PART_LEN's parts: those stay
-  assert [quant.tc_parts(K, O) for O, K in shapes] == [2, 8, 4, 4, 14, 4, 8, 8, 16]
-  monkeypatch.setattr(quant, "TC_WARPS", 512)  # the default's split is TC_MIN_PART 256's, checked by test_tc_parts
-  monkeypatch.setattr(quant, "TC_MIN_PART", 512)
-  assert [quant.tc_parts(K, O) for O, K in shapes] == [2, 16, 8, 8, 14, 4, 8, 8, 16]
-  assert quant.tc_min_part({}) == 256 and quant.tc_min_part({"ORIN_LLM_TC_MIN_PART": " 512 "}) == 512
-  for bad in ("0", "300", "many", "131072", "-256"):
-    with pytest.raises(OrinError, match="ORIN_LLM_TC_MIN_PART"): quant.tc_min_part({"ORIN_LLM_TC_MIN_PART": bad})
+  assert [quant.tc_parts(K, O) for O, K in shapes] == [4, 14, 4, 4, 4, 4, 2, 8, 2, 2, 2, 3, 3, 3, 8, 2, 2, 6]
 
 def test_count_knobs():
   """ORIN_LLM_TC_WARPS, ORIN_LLM_TC_MIN_WEIGHTS, ORIN_LLM_TC_PAIRS, ORIN_LLM_AFFINE_MANTISSA: their defaults, a value, and a one-line refusal of anything else."""
-  assert (quant.TC_WARPS, quant.TC_MIN_WEIGHTS, quant.TC_PAIRS, quant.AFFINE_MANTISSA) == (512, 1 << 22, 1, 0)  # unset
-  for name, default in (("ORIN_LLM_TC_WARPS", 512), ("ORIN_LLM_TC_MIN_WEIGHTS", 1 << 22), ("ORIN_LLM_TC_PAIRS", 1), ("ORIN_LLM_AFFINE_MANTISSA", 0)):
+  assert (quant.TC_WARPS, quant.TC_MIN_WEIGHTS, quant.TC_PAIRS, quant.AFFINE_MANTISSA) == (1024, 1 << 22, 1, 0)  # unset
+  for name, default in (("ORIN_LLM_TC_WARPS", 1024), ("ORIN_LLM_TC_MIN_WEIGHTS", 1 << 22), ("ORIN_LLM_TC_PAIRS", 1), ("ORIN_LLM_AFFINE_MANTISSA", 0)):
     assert quant.count_knob(name, default, 1 << 30, {}) == default and quant.count_knob(name, default, 1 << 30, {name: " 0 "}) == 0
     for bad in ("-1", "many", "1e6", str((1 << 30) + 1)):
       with pytest.raises(OrinError, match=name): quant.count_knob(name, default, 1 << 30, {name: bad})
@@ -206,7 +196,7 @@ def test_q6_k_form_takes_consecutive_words(monkeypatch, pairs):
   from tinygrad.uop.ops import AxisType
   monkeypatch.setattr(TC_OPT, "value", 2)
   ren = CUDARenderer(Target("CUDA", "", "sm_90"), use_nvcc=True)
-  for warps, part in ((0, 1024), (512, 256)):  # (parts of 1024; the default's for this 256-row matrix, 256 long)
+  for warps, part in ((0, 1024), (1024, 256)):  # (parts of 1024; the default's for this 256-row matrix, 256 long)
     monkeypatch.setattr(quant, "TC_WARPS", warps)
     reduces = {}
     for qt in (QT.Q4_K, QT.Q6_K):
