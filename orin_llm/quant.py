@@ -501,7 +501,7 @@ TC_PART_LEN = 1024
 # ORIN_LLM_TC_WARPS (an experiment's knob; part of the steps file's key): 0 gives parts of TC_PART_LEN only.
 # A ceiling, not a target: the split stops where one more step would pass it. As a target (split until the warps reach
 # it) 1024 made the 1B Q6_K's batch steps faster (its gate+up 512 -> 1024 warps in parts of 512, its ffn_down 512 ->
-# 1024 in parts of 256) and the 8B's verify8 slower: +0.45-0.60 ms, its ffn_down 896 -> 1792 warps alone +0.3-0.55 (H100,
+# 1024 in parts of 256) and the 8B's verify8 slower: +0.45-0.64 ms, its ffn_down 896 -> 1792 warps alone +0.3-0.55 (H100,
 # BEAM=0, fifty-second session; the forty-first's +0.47 on an H200). As a ceiling the 8B's ffn_down (896) and Q+K+V
 # (768) stay, its attn_output goes 512 -> 1024 warps. Against the target of 512 before it (H100, BEAM=0, alternated
 # processes, fifty-second session): the 1B's batch steps of 4 rows 1.541-1.545 -> 1.443-1.445 ms, of 8 rows 1.653-1.654
