@@ -250,6 +250,22 @@ def test_auth_and_routes(server):
 def test_no_500_after_bad_input(server, client):
   assert 'status="500"' not in urllib.request.urlopen(server[0] + "/metrics").read().decode()
   assert client.completions.create(model=server[1], prompt="Still", max_tokens=2, temperature=0).usage.completion_tokens == 2
+  assert http(server[0], "GET", "/health", key=None)[2]["requests_reading"] == 0  # refused requests counted out too
+
+def test_requests_being_read_are_counted(server):
+  """/health's requests_reading (worker.Reading, what an idle engine waits for with ORIN_LLM_GATHER_MS): a request whose
+  body has not all come is counted while the server reads it, and counted out when its client goes away."""
+  host, port = server[0].removeprefix("http://").split(":")
+  body = json.dumps({"prompt": "Hello there", "max_tokens": 2}).encode()
+  with socket.create_connection((host, int(port)), timeout=30) as s:
+    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:5])
+    t0 = time.monotonic()
+    while http(server[0], "GET", "/health", key=None)[2]["requests_reading"] != 1:
+      assert time.monotonic() - t0 < 10, "the request being read was not counted"; time.sleep(0.05)
+  t0 = time.monotonic()
+  while http(server[0], "GET", "/health", key=None)[2]["requests_reading"] != 0:
+    assert time.monotonic() - t0 < 10, "a request whose client left stayed counted"; time.sleep(0.05)
 
 # ------------------------------------------------------------------ the engine thread and its queue
 def test_concurrent_clients_batched(server, client):

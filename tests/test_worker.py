@@ -4,6 +4,7 @@ engine failure fails the requests it ran while the server goes on."""
 import asyncio, threading, time
 import numpy as np
 import pytest
+from orin_llm.errors import OrinError
 from orin_llm.sampling import Sampling
 from orin_llm.server import worker as W
 from orin_llm.server.metrics import Metrics
@@ -287,3 +288,49 @@ def test_a_young_stream_decodes_in_short_rounds():
     sched.tick(waiting=False)
     assert eng.rounds[-1] == 2 and eng.decodes[-1] == (0, 1), (eng.rounds, eng.decodes)
   finally: loop.close()
+
+def test_an_idle_engine_waits_for_the_requests_being_read():
+  """ORIN_LLM_GATHER_MS: an idle engine that takes a job waits up to Worker.gather for the generation requests being
+  read at that moment (Worker.reading), so that clients which send together start in one tick: with it the second
+  job, queued 20 ms after the first, is admitted with it; without it, or with no request being read (a lone client),
+  the first goes alone and at once; a request that never comes costs at most the bound."""
+  loop = asyncio.new_event_loop()
+  try:
+    def join(gather, reading, late_after, finish_reading):
+      w = W.Worker(lambda: None, queue_size=4, metrics=Metrics())
+      w.gather, w.reading = gather, reading
+      sched = W.Scheduler(FakeEngine(slots=4), Tok(), Metrics(), lookahead=4)
+      jobs = [W.Job([5 + i] * 3, 2, Sampling(), [], loop) for i in range(2)]
+      w.queue.put(jobs[0])
+      def later():
+        time.sleep(late_after)
+        w.queue.put(jobs[1])
+        if finish_reading: w.reading -= 1  # as Reading.done() after Worker.submit
+      t = threading.Thread(target=later); t.start()
+      t0 = time.monotonic()
+      assert w._join(sched, idle_wait=True)
+      took = time.monotonic() - t0
+      t.join()
+      return len(sched.runs), took
+    assert join(2.0, 1, 0.02, True)[0] == 2  # gathered: both in one join
+    n, took = join(0.0, 1, 0.3, True)
+    assert n == 1 and took < 0.2, (n, took)  # off: the first alone, at once
+    n, took = join(2.0, 0, 0.3, False)
+    assert n == 1 and took < 0.2, (n, took)  # a lone client: nothing being read, no wait
+    n, took = join(0.3, 1, 0.6, False)
+    assert n == 1 and 0.3 <= took < 0.55, (n, took)  # the request never came in time: the bound
+  finally: loop.close()
+
+def test_gather_knob():
+  assert W.gather_seconds({}) == 0.0 and W.gather_seconds({"ORIN_LLM_GATHER_MS": " 1.5 "}) == 0.0015
+  for bad in ("-1", "101", "nan", "inf", "soon", ""):
+    with pytest.raises(OrinError, match="ORIN_LLM_GATHER_MS"): W.gather_seconds({"ORIN_LLM_GATHER_MS": bad})
+  w = W.Worker(lambda: None, queue_size=1, metrics=Metrics())
+  with W.Reading(w) as r:
+    assert w.reading == 1
+    r.done(); r.done()  # once, however often called
+    assert w.reading == 0
+  with pytest.raises(ValueError):
+    with W.Reading(w): raise ValueError  # a handler that fails before its job is queued
+  assert w.reading == 0
+

@@ -14,7 +14,7 @@ from orin_llm.tokenizer import TooLong
 from orin_llm.sampling import Sampling
 from orin_llm.server.config import ServerConfig
 from orin_llm.server.metrics import Metrics
-from orin_llm.server.worker import Job, QueueFull, Worker
+from orin_llm.server.worker import Job, QueueFull, Reading, Worker
 
 logger = logging.getLogger("orin_llm.server")
 MAX_BODY_BYTES = 1 << 20  # far above any prompt that fits a Jetson's context, far below what could hurt
@@ -481,15 +481,18 @@ def _tool_choice(text: str, finish: str, fmt) -> dict:
           "logprobs": None, "finish_reason": "tool_calls"}
 
 # ---------------------------------------------------------------------- generation
-async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, chat: bool, received: float, tools=None) -> web.StreamResponse:
+async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, chat: bool, received: float, reading: Reading,
+               tools=None) -> web.StreamResponse:
   """tools: the structured.ToolFormat whose calls the answer may hold (chat with tools), None for plain text.
-  received: when the handler began (time.monotonic), for the answer's timings."""
+  received: when the handler began (time.monotonic), for the answer's timings; reading: its Reading, done once the job
+  is queued (or refused)."""
   job = Job(prompt, g["max_new"], g["sampling"], g["stop"], asyncio.get_running_loop(), speculative=g["speculative"],
             constraint=g.get("constraint"), received=received)
   try: srv.worker.submit(job)
   except QueueFull as e:
     raise APIError(429, f"the request queue is full ({srv.worker.queue_size} waiting); try again later", "rate_limit_error",
                    code="queue_full", headers={"Retry-After": str(e.retry_after)}) from None
+  finally: reading.done()
   rid, created = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], int(time.time())
   obj = "chat.completion" if chat else "text_completion"
   def choice(text: str | None, finish: str | None, delta: bool) -> dict:
@@ -545,6 +548,9 @@ async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, ch
 async def chat_completions(request: web.Request):
   received, srv = time.monotonic(), request.app[SERVER]
   eng, tok = srv.ready()
+  with Reading(srv.worker) as reading: return await _chat_completions(request, srv, eng, received, reading)
+
+async def _chat_completions(request: web.Request, srv: Server, eng, received: float, reading: Reading):
   body = await _body(request)
   _check_model(srv, body)
   msgs = _messages(body)
@@ -553,11 +559,14 @@ async def chat_completions(request: web.Request):
   ids = await srv.prompt_ids(eng, "messages", "chat", st["messages"], **st["template"])
   g = _generation(srv, eng, body, ids, "messages", True)
   if st["grammar"] is not None: g["constraint"] = await _constraint(srv, *st["grammar"][:3])
-  return await _run(request, srv, ids, g, True, received, tools=st["tools"])
+  return await _run(request, srv, ids, g, True, received, reading, tools=st["tools"])
 
 async def completions(request: web.Request):
   received, srv = time.monotonic(), request.app[SERVER]
   eng, tok = srv.ready()
+  with Reading(srv.worker) as reading: return await _completions(request, srv, eng, tok, received, reading)
+
+async def _completions(request: web.Request, srv: Server, eng, tok, received: float, reading: Reading):
   body = await _body(request)
   _check_model(srv, body)
   p = body.get("prompt")
@@ -573,7 +582,7 @@ async def completions(request: web.Request):
     raise APIError(400, "tools are only supported on /v1/chat/completions", param="tools" if body.get("tools") else "tool_choice")
   g = _generation(srv, eng, body, ids, "prompt", False)
   if (rf := _response_format(body)) is not None: g["constraint"] = await _constraint(srv, *rf[:3])
-  return await _run(request, srv, ids, g, False, received)
+  return await _run(request, srv, ids, g, False, received, reading)
 
 async def models(request: web.Request):
   srv = request.app[SERVER]
@@ -591,7 +600,8 @@ async def health(request: web.Request):
   state = "stopping" if srv.stopping else w.state
   body = {"status": state, "model": srv.model_id}
   if w.failure is not None: body["error"] = str(w.failure)
-  if state == "ready": body.update(queue_depth=w.depth(), context_length=w.engine.max_context)
+  # requests_reading: generation requests begun and not yet queued (worker.Reading)
+  if state == "ready": body.update(queue_depth=w.depth(), requests_reading=w.reading, context_length=w.engine.max_context)
   if (k := w.kernel_counts()) is not None:  # misses_after_ready > 0: a request compiled (prewarm missed a step)
     body["kernel_cache"] = k | {"misses_after_ready": k["misses"] - w.ready_counts["misses"] if w.ready_counts else None,
                                 # the captured steps' file (step_cache.py): loaded at start, or written by its warm-up

@@ -7,8 +7,9 @@ first slots, as many as the smallest batch size that holds theirs (engine.prefil
 when the client goes away) is checked between prefill chunks and between decode rounds. Results go back to the
 request's asyncio task through its event loop."""
 from __future__ import annotations
-import asyncio, logging, queue, threading, time
+import asyncio, logging, os, queue, threading, time
 from dataclasses import dataclass, field
+from orin_llm.errors import OrinError
 from orin_llm.sampling import Sampling
 from orin_llm.server.metrics import Metrics
 
@@ -56,6 +57,31 @@ class Job:
   def emit(self, *event):
     try: self.loop.call_soon_threadsafe(self.events.put_nowait, event)
     except RuntimeError: self.cancelled.set()  # the loop is closed: nobody is listening
+
+# Clients that send together: the first one's job reaches an idle engine while the server still reads the others' requests
+# (their bodies, templates, tokens), so its prompt's chunk runs alone and theirs wait for it: with 4 clients their time
+# to the first token was 9.3 ms at the median, its queued phase 2.9 ms, against 4.4 and 0.2 for a lone client (1B Q6_K,
+# H100, docs/PERF.md, fifty-second session). ORIN_LLM_GATHER_MS (an experiment's knob, default 0: off): how long an idle
+# engine that has taken a job waits for the generation requests being read at that moment, so that their prompts run
+# in one step with its; a lone client's request has none beside it and waits for nothing.
+def gather_seconds(env=os.environ) -> float:
+  """ORIN_LLM_GATHER_MS: milliseconds from 0 to 100 (default 0), as seconds."""
+  raw = env.get("ORIN_LLM_GATHER_MS", "0").strip()
+  try: ms = float(raw)
+  except ValueError: ms = -1.0
+  if not 0 <= ms <= 100: raise OrinError(f"ORIN_LLM_GATHER_MS={raw!r}: milliseconds from 0 to 100 are needed (default 0)")
+  return ms / 1e3
+
+class Reading:
+  """A generation request the server is reading (Worker.reading counts them): from its handler's start until its job
+  is queued (done(), called by the handler right after Worker.submit) or the handler ends without one."""
+  def __init__(self, worker: Worker):
+    self.worker, self.open = worker, True
+    worker.reading += 1
+  def done(self):
+    if self.open: self.open, self.worker.reading = False, self.worker.reading - 1
+  def __enter__(self): return self
+  def __exit__(self, *exc): self.done()
 
 class QueueFull(Exception):
   def __init__(self, retry_after: int): self.retry_after = retry_after
@@ -269,6 +295,9 @@ class Worker:
     self.ready_counts: dict | None = None  # kernel cache counts at READY: /health reports what changed since
     self.heartbeat = time.monotonic()
     self.avg_seconds = 5.0  # running mean of a job's duration, for Retry-After
+    # generation requests being read (Reading; changed on the event loop's thread alone, read by the engine's) and how
+    # long an idle engine waits for them after taking a job (gather_seconds)
+    self.reading, self.gather = 0, gather_seconds()
     self._stop = threading.Event()
     self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
@@ -352,14 +381,23 @@ class Worker:
         self.metrics.busy.set(0)
 
   def _join(self, sched: Scheduler, idle_wait: bool = False) -> bool:
-    """Queued jobs take the free slots (an idle engine waits up to half a second for one, when idle_wait); False
-    once stop()'s wake-up came."""
+    """Queued jobs take the free slots (an idle engine waits up to half a second for one, when idle_wait, and after
+    taking it up to self.gather for the requests being read then); False once stop()'s wake-up came."""
+    until = None  # the end of the wait for the requests being read beside a job an idle engine took
+    gathering = lambda: until is not None and self.reading > 0 and time.monotonic() < until
     while sched.free_slots():
-      try: job = self.queue.get(timeout=0.5) if idle_wait and not sched.busy() else self.queue.get_nowait()
-      except queue.Empty: break
+      idle = idle_wait and not sched.busy()
+      try:
+        if idle: job = self.queue.get(timeout=0.5)
+        elif gathering(): job = self.queue.get(timeout=min(max(until - time.monotonic(), 0.0), 0.0005))
+        else: job = self.queue.get_nowait()
+      except queue.Empty:
+        if gathering(): continue
+        break
       if job is None: return False
       self._unqueue(job)
       if job.cancelled.is_set(): continue  # its client left while it waited
+      if idle and self.gather: until = time.monotonic() + self.gather
       sched.admit(job)
     return True
 
