@@ -457,8 +457,8 @@ def tc_product(x: Tensor, planes: dict[str, Tensor], qtype: QT, members: tuple[i
   parts summed apart (SPLIT_SUMS)."""
   u, a, b, G = affine(planes, qtype)
   (O, I), T, S = u.shape, x.shape[0], tc_parts(u.shape[1], u.shape[0])
-  # the reduction in S parts side by side (S times the warps: a warp takes 16 weight rows, and the 1B's Q/K/V has 192
-  # such tiles), their float32 sums added by a small kernel. Each piece is reshaped into the parts before they are
+  # the reduction in S parts side by side (S times the warps: a warp takes 64 weight rows, TC_ROWS_A_WARP, and the 1B's
+  # Q/K/V has 48 such tiles), their float32 sums added by a small kernel. Each piece is reshaped into the parts before they are
   # combined: a reshape of the combined W (four buffers) between it and the rows' broadcast is realized as W was
   part = lambda t: t.reshape(O, S, I // S)
   pairs = TC_PAIRS and qtype in PAIR_TYPES
@@ -501,13 +501,14 @@ TC_PART_LEN = 1024
 # ORIN_LLM_TC_WARPS (an experiment's knob; part of the steps file's key): 0 gives parts of TC_PART_LEN only.
 # A ceiling, not a target: the split stops where one more step would pass it. As a target (split until the warps reach
 # it) 1024 made the 1B Q6_K's batch steps faster (its gate+up 512 -> 1024 warps in parts of 512, its ffn_down 512 ->
-# 1024 in parts of 256) and the 8B's verify8 slower: +0.45-0.64 ms, its ffn_down 896 -> 1792 warps alone +0.3-0.55 (H100,
+# 1024 in parts of 256) and the 8B's verify8 slower: +0.45-0.64 ms, its ffn_down 896 -> 1792 warps alone +0.30-0.56 (H100,
 # BEAM=0, fifty-second session; the forty-first's +0.47 on an H200). As a ceiling the 8B's ffn_down (896) and Q+K+V
 # (768) stay, its attn_output goes 512 -> 1024 warps. Against the target of 512 before it (H100, BEAM=0, alternated
 # processes, fifty-second session): the 1B's batch steps of 4 rows 1.541-1.545 -> 1.443-1.445 ms, of 8 rows 1.653-1.654
 # -> 1.593; the 8B's verify8 at depth 64 5.79-5.96 -> 5.82-6.00 ms, at 4000 6.82-6.97 -> 6.76-6.96 (three processes each:
 # unchanged), verify4 5.48-5.57 -> 5.37-5.49. The seeds' other shapes: the 3B's gate and gate+up go to 768 / 1024
-# warps, Qwen3's are unchanged (tests/test_tc_rows.py).
+# warps, Qwen3's are unchanged (tests/test_tc_rows.py). (ORIN_LLM_TC_WARPS=512 is not the old target's split: the 8B's
+# Q+K+V would take 384 warps where the target gave 768.)
 TC_WARPS = count_knob("ORIN_LLM_TC_WARPS", 1024, 1 << 20)
 TC_ROWS_A_WARP = 64
 def tc_parts(cols: int, rows: int) -> int:

@@ -63,7 +63,8 @@ class Job:
 # to the first token was 9.3 ms at the median, its queued phase 2.9 ms, against 4.4 and 0.2 for a lone client (1B Q6_K,
 # H100, docs/PERF.md, fifty-second session). ORIN_LLM_GATHER_MS (an experiment's knob, default 0: off): how long an idle
 # engine that has taken a job waits for the generation requests being read at that moment, so that their prompts run
-# in one step with its; a lone client's request has none beside it and waits for nothing.
+# in one step with its; a lone client's request has none beside it and waits for nothing (unless another request's
+# body is still arriving, or being tokenized: then up to the bound, at most 100 ms).
 def gather_seconds(env=os.environ) -> float:
   """ORIN_LLM_GATHER_MS: milliseconds from 0 to 100 (default 0), as seconds."""
   raw = env.get("ORIN_LLM_GATHER_MS", "0").strip()
