@@ -65,9 +65,10 @@ def running(cfg: ServerConfig):
 
 @pytest.fixture(scope="module")
 def server(model):
-  """(base URL, model id) of a server on the synthetic model; API key required, two slots, two requests may wait."""
+  """(base URL, model id) of a server on the synthetic model; API key required, two slots, two requests may wait, an
+  idle engine waits up to 5 ms for requests being read (gather_ms)."""
   with running(ServerConfig(model=str(model), port=0, context_length=CONTEXT, api_key=KEY, queue_size=2, max_tokens_default=16,
-                            max_batch=2)) as base:
+                            max_batch=2, gather_ms=5)) as base:
     yield base, "tiny"
 
 @pytest.fixture
@@ -253,7 +254,7 @@ def test_no_500_after_bad_input(server, client):
   assert http(server[0], "GET", "/health", key=None)[2]["requests_reading"] == 0  # refused requests counted out too
 
 def test_requests_being_read_are_counted(server):
-  """/health's requests_reading (worker.Reading, what an idle engine waits for with ORIN_LLM_GATHER_MS): a request whose
+  """/health's requests_reading (worker.Reading, what an idle engine waits for up to gather_ms): a request whose
   body has not all come is counted while the server reads it, and counted out when its client goes away."""
   host, port = server[0].removeprefix("http://").split(":")
   body = json.dumps({"prompt": "Hello there", "max_tokens": 2}).encode()
@@ -356,7 +357,8 @@ def write(tmp_path, text, name="c.toml"):
   ('mdoel = "x"', "mdoel"), ("port = 70000", "port"), ('port = "80"', "port"), ("port = true", "port"), ("queue_size = 0", "queue_size"),
   ("context_length = 1.5", "context_length"), ("beam = 3", "beam"), ("[beam]\nwidht = 2", "beam.widht"), ("[beam]\nwidth = -1", "beam.width"),
   ("[beam]\ntime_limit = 0", "beam.time_limit"), ("[beam]\ntime_limit = 7200", "beam.time_limit"), ('[beam]\nmin_us = "5"', "beam.min_us"),
-  ("[beam]\nmin_us = -1", "beam.min_us"),
+  ("[beam]\nmin_us = -1", "beam.min_us"), ("gather_ms = 101", "gather_ms"), ("gather_ms = -0.5", "gather_ms"), ('gather_ms = "2"', "gather_ms"),
+  ("gather_ms = nan", "gather_ms"),
   ("[kernel_cache]\ndirectory = 4", "kernel_cache.directory"), ("max_tokens_default = 0", "max_tokens_default"), ("port = ", "TOML"),
 ])
 def test_config_errors(tmp_path, text, key):
@@ -366,16 +368,29 @@ def test_config_errors(tmp_path, text, key):
 def test_config_and_flags(tmp_path, model):
   keyfile = write(tmp_path, "s3cret\n", "key")
   p = write(tmp_path, f'model = "{model}"\nport = 9000\nhost = "0.0.0.0"\ncontext_length = 512\napi_key = "a"\nqueue_size = 3\n'
-                      f'max_tokens_default = 64\n[beam]\nwidth = 2\nworkers = 4\n[kernel_cache]\ndirectory = "{tmp_path}/kc"\n')
+                      f'max_tokens_default = 64\ngather_ms = 3\n[beam]\nwidth = 2\nworkers = 4\n[kernel_cache]\ndirectory = "{tmp_path}/kc"\n')
   class A: config, model, host, port, context, api_key_file, queue_size = p, None, None, 9100, None, str(keyfile), None
   cfg = server_config.resolve(A)
   assert (cfg.port, cfg.host, cfg.context_length, cfg.queue_size, cfg.max_tokens_default) == (9100, "0.0.0.0", 512, 3, 64)
   assert (cfg.beam_width, cfg.beam_workers, cfg.kernel_cache_directory, cfg.api_key) == (2, 4, f"{tmp_path}/kc", "s3cret")
   assert (cfg.beam_time_limit, cfg.beam_min_us) == (None, None)  # unset: settings.SEARCH_DEFAULTS' bounds
+  assert cfg.gather_ms == 3.0
   A.api_key_file = str(tmp_path / "missing")
   with pytest.raises(OrinError, match="api_key_file"): server_config.resolve(A)
   A.api_key_file, A.model = None, str(tmp_path / "none.gguf")
   with pytest.raises(OrinError, match="model"): server_config.resolve(A)
+
+def test_gather_ms_reaches_the_worker(monkeypatch):
+  """The config key gather_ms is the engine's wait for requests being read (Worker.gather, in seconds)."""
+  from orin_llm.server import cli, worker
+  seen = {}
+  class Recorded(worker.Worker):
+    def __init__(self, *a, **k):
+      seen.update(k)
+      raise RuntimeError("recorded")
+  monkeypatch.setattr(worker, "Worker", Recorded)
+  with pytest.raises(RuntimeError, match="recorded"): asyncio.run(cli.serve(ServerConfig(model="none.gguf", port=0, gather_ms=7)))
+  assert seen["gather"] == pytest.approx(0.007)
 
 def test_config_search_bounds(tmp_path):
   """[beam] time_limit and min_us become tinygrad's BEAM_TIME_LIMIT and BEAM_MIN_US, over the environment's, before

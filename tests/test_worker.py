@@ -290,7 +290,7 @@ def test_a_young_stream_decodes_in_short_rounds():
   finally: loop.close()
 
 def test_an_idle_engine_waits_for_the_requests_being_read():
-  """ORIN_LLM_GATHER_MS: an idle engine that takes a job waits up to Worker.gather for the generation requests being
+  """gather_ms (Worker.gather): an idle engine that takes a job waits up to Worker.gather for the generation requests being
   read at that moment (Worker.reading), so that clients which send together start in one tick: with it the second
   job, queued 20 ms after the first, is admitted with it; without it, or with no request being read (a lone client),
   the first goes alone and at once; a request that never comes costs at most the bound."""
@@ -322,10 +322,10 @@ def test_an_idle_engine_waits_for_the_requests_being_read():
     assert n == 1 and 0.3 <= took < 0.55, (n, took)  # the request never came in time: the bound
   finally: loop.close()
 
-def test_gather_knob():
-  assert W.gather_seconds({}) == 0.0 and W.gather_seconds({"ORIN_LLM_GATHER_MS": " 1.5 "}) == 0.0015
-  for bad in ("-1", "101", "nan", "inf", "soon", ""):
-    with pytest.raises(OrinError, match="ORIN_LLM_GATHER_MS"): W.gather_seconds({"ORIN_LLM_GATHER_MS": bad})
+def test_requests_being_read():
+  """Reading counts a request once, however often done() is called, and counts it out when its handler fails (the
+  config key's bounds: test_server.py's test_config_errors)."""
+  assert W.Worker(lambda: None, queue_size=1, metrics=Metrics(), gather=0.002).gather == 0.002
   w = W.Worker(lambda: None, queue_size=1, metrics=Metrics())
   with W.Reading(w) as r:
     assert w.reading == 1

@@ -82,7 +82,7 @@ async def serve(cfg, stop: asyncio.Event | None = None, on_listening=None, load=
     eng, tok = load(cfg)
     srv.prompts = prompt_worker(cfg, eng, tok)
     return eng, tok
-  worker = Worker(loaded, cfg.queue_size, metrics, on_status)
+  worker = Worker(loaded, cfg.queue_size, metrics, on_status, gather=cfg.gather_ms / 1e3)
   srv = Server(cfg, worker, metrics)
   runner = web.AppRunner(make_app(srv), handler_cancellation=True, shutdown_timeout=STOP_GRACE, access_log=None,
                          keepalive_timeout=cfg.keepalive_timeout)

@@ -17,6 +17,7 @@ class ServerConfig:
   queue_size: int = 16                 # requests waiting behind the running one; more get 429
   max_tokens_default: int = 512        # max_tokens when a request gives none
   max_batch: int = 4                   # KV-cache slots: requests generating at once (continuous batching)
+  gather_ms: float = 0.0               # ms an idle engine that took a job waits for requests still being read (worker.Worker._join)
   prefill_copy_mb: int = 8192          # MiB of device memory for float16 copies of the layers' matrices, which prefill multiplies (0: none; quant.DEFAULT_PREFILL_COPY_MB)
   speculative: str = "off"             # "ngram": a request generating alone checks proposed tokens several at a time
   draft_model: str | None = None       # a small GGUF model of the same vocabulary that proposes tokens (speculative decoding)
@@ -49,6 +50,7 @@ _KEYS = {
   "queue_size": ("queue_size", int, _positive, "a positive integer"),
   "max_tokens_default": ("max_tokens_default", int, _positive, "a positive integer"),
   "max_batch": ("max_batch", int, lambda v: 1 <= v <= 64, "an integer in 1..64"),
+  "gather_ms": ("gather_ms", float, lambda v: 0 <= v <= 100, "a number of milliseconds in 0..100"),
   "prefill_copy_mb": ("prefill_copy_mb", int, lambda v: 0 <= v <= 1 << 24, "an integer (MiB) in 0..16777216"),
   "speculative": ("speculative", str, lambda v: v in ("off", "ngram"), '"off" or "ngram"'),
   "draft_model": ("draft_model", str, bool, "a non-empty string"),

@@ -7,7 +7,7 @@ first slots, as many as the smallest batch size that holds theirs (engine.prefil
 when the client goes away) is checked between prefill chunks and between decode rounds. Results go back to the
 request's asyncio task through its event loop."""
 from __future__ import annotations
-import asyncio, logging, os, queue, threading, time
+import asyncio, logging, queue, threading, time
 from dataclasses import dataclass, field
 from orin_llm.errors import OrinError
 from orin_llm.sampling import Sampling
@@ -61,18 +61,10 @@ class Job:
 # Clients that send together: the first one's job reaches an idle engine while the server still reads the others' requests
 # (their bodies, templates, tokens), so its prompt's chunk runs alone and theirs wait for it: with 4 clients their time
 # to the first token was 9.3 ms at the median, its queued phase 2.9 ms, against 4.4 and 0.2 for a lone client (1B Q6_K,
-# H100, docs/PERF.md, fifty-second session). ORIN_LLM_GATHER_MS (an experiment's knob, default 0: off): how long an idle
+# H100, docs/PERF.md, fifty-second session). The config key gather_ms (Worker's gather, in seconds): how long an idle
 # engine that has taken a job waits for the generation requests being read at that moment, so that their prompts run
 # in one step with its; a lone client's request has none beside it and waits for nothing (unless another request's
 # body is still arriving, or being tokenized: then up to the bound, at most 100 ms).
-def gather_seconds(env=os.environ) -> float:
-  """ORIN_LLM_GATHER_MS: milliseconds from 0 to 100 (default 0), as seconds."""
-  raw = env.get("ORIN_LLM_GATHER_MS", "0").strip()
-  try: ms = float(raw)
-  except ValueError: ms = -1.0
-  if not 0 <= ms <= 100: raise OrinError(f"ORIN_LLM_GATHER_MS={raw!r}: milliseconds from 0 to 100 are needed (default 0)")
-  return ms / 1e3
-
 class Reading:
   """A generation request the server is reading (Worker.reading counts them): from its handler's start until its job
   is queued (done(), called by the handler right after Worker.submit) or the handler ends without one."""
@@ -284,7 +276,8 @@ class Scheduler:
 
 class Worker:
   """States: loading -> warming -> ready (-> stopping), or error (failure holds the exception)."""
-  def __init__(self, load, queue_size: int, metrics: Metrics, on_status=lambda state, text: None, lookahead: int | None = None):
+  def __init__(self, load, queue_size: int, metrics: Metrics, on_status=lambda state, text: None, lookahead: int | None = None,
+               gather: float = 0.0):
     self._load, self.metrics, self.on_status = load, metrics, on_status
     # the queue is unbounded; the bound is on live waiting jobs, so that a job whose client left
     # gives its place back at once rather than when the thread gets to it
@@ -297,8 +290,8 @@ class Worker:
     self.heartbeat = time.monotonic()
     self.avg_seconds = 5.0  # running mean of a job's duration, for Retry-After
     # generation requests being read (Reading; changed on the event loop's thread alone, read by the engine's) and how
-    # long an idle engine waits for them after taking a job (gather_seconds)
-    self.reading, self.gather = 0, gather_seconds()
+    # long an idle engine waits for them after taking a job, in seconds (the config key gather_ms)
+    self.reading, self.gather = 0, gather
     self._stop = threading.Event()
     self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
