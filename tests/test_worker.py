@@ -4,7 +4,6 @@ engine failure fails the requests it ran while the server goes on."""
 import asyncio, threading, time
 import numpy as np
 import pytest
-from orin_llm.errors import OrinError
 from orin_llm.sampling import Sampling
 from orin_llm.server import worker as W
 from orin_llm.server.metrics import Metrics

@@ -9,7 +9,6 @@ request's asyncio task through its event loop."""
 from __future__ import annotations
 import asyncio, logging, queue, threading, time
 from dataclasses import dataclass, field
-from orin_llm.errors import OrinError
 from orin_llm.sampling import Sampling
 from orin_llm.server.metrics import Metrics
 
