@@ -357,8 +357,8 @@ def write(tmp_path, text, name="c.toml"):
   ('mdoel = "x"', "mdoel"), ("port = 70000", "port"), ('port = "80"', "port"), ("port = true", "port"), ("queue_size = 0", "queue_size"),
   ("context_length = 1.5", "context_length"), ("beam = 3", "beam"), ("[beam]\nwidht = 2", "beam.widht"), ("[beam]\nwidth = -1", "beam.width"),
   ("[beam]\ntime_limit = 0", "beam.time_limit"), ("[beam]\ntime_limit = 7200", "beam.time_limit"), ('[beam]\nmin_us = "5"', "beam.min_us"),
-  ("[beam]\nmin_us = -1", "beam.min_us"), ("gather_ms = 101", "gather_ms"), ("gather_ms = -0.5", "gather_ms"), ('gather_ms = "2"', "gather_ms"),
-  ("gather_ms = nan", "gather_ms"),
+  ("[beam]\nmin_us = -1", "beam.min_us"), ("gather_ms = 100.5", "gather_ms must be"), ("gather_ms = -0.5", "gather_ms must be"),
+  ('gather_ms = "2"', "gather_ms must be"), ("gather_ms = nan", "gather_ms must be"),
   ("[kernel_cache]\ndirectory = 4", "kernel_cache.directory"), ("max_tokens_default = 0", "max_tokens_default"), ("port = ", "TOML"),
 ])
 def test_config_errors(tmp_path, text, key):
@@ -375,6 +375,7 @@ def test_config_and_flags(tmp_path, model):
   assert (cfg.beam_width, cfg.beam_workers, cfg.kernel_cache_directory, cfg.api_key) == (2, 4, f"{tmp_path}/kc", "s3cret")
   assert (cfg.beam_time_limit, cfg.beam_min_us) == (None, None)  # unset: settings.SEARCH_DEFAULTS' bounds
   assert cfg.gather_ms == 3.0
+  assert [server_config.from_dict({"gather_ms": v}).gather_ms for v in (0, 100)] == [0.0, 100.0]  # the bounds themselves
   A.api_key_file = str(tmp_path / "missing")
   with pytest.raises(OrinError, match="api_key_file"): server_config.resolve(A)
   A.api_key_file, A.model = None, str(tmp_path / "none.gguf")

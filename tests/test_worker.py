@@ -322,8 +322,8 @@ def test_an_idle_engine_waits_for_the_requests_being_read():
   finally: loop.close()
 
 def test_requests_being_read():
-  """Reading counts a request once, however often done() is called, and counts it out when its handler fails (the
-  config key's bounds: test_server.py's test_config_errors)."""
+  """Worker(gather=) keeps the wait in seconds; Reading counts a request once, however often done() is called, and
+  counts it out when its handler fails (the config key's bounds: test_server.py's test_config_errors)."""
   assert W.Worker(lambda: None, queue_size=1, metrics=Metrics(), gather=0.002).gather == 0.002
   w = W.Worker(lambda: None, queue_size=1, metrics=Metrics())
   with W.Reading(w) as r:
