@@ -153,6 +153,16 @@ in
             default = 4;
             description = "Requests generating at once, each in a KV-cache slot of `context_length` tokens (continuous batching).";
           };
+          gather_ms = mkOption {
+            type = types.numbers.between 0 100;
+            default = 0;
+            description = ''
+              The most milliseconds an idle engine that has taken a request waits for other generation
+              requests still being read, so that clients which send together start their prompts in one
+              step; the wait ends as soon as none is being read or every slot is taken, so a lone client
+              waits for nothing. `0`: off.
+            '';
+          };
           beam.width = mkOption {
             type = types.ints.unsigned;
             default = 0;

@@ -234,7 +234,7 @@ def test_module_defaults(nix_env):
   assert argv[:3] == [EXE, "serve", "--config"] and len(argv) == 4 and CONFIG.fullmatch(argv[3])
   # prewarm reads the server's own config file: the same model, context, BEAM width and cache directory
   assert exec_argv(psc["ExecStart"]) == [EXE, "prewarm", "--config", argv[3]]
-  assert out["settings"] == {"model": MODEL, "host": "127.0.0.1", "port": 8080, "max_batch": 4, "beam": {"width": 0},
+  assert out["settings"] == {"model": MODEL, "host": "127.0.0.1", "port": 8080, "max_batch": 4, "gather_ms": 0, "beam": {"width": 0},
                              "kernel_cache": {"directory": "/var/cache/orin-llm"}}
   assert (sc["Type"], sc["NotifyAccess"], sc["WatchdogSec"], sc["TimeoutStartSec"]) == ("notify", "main", "30s", "30min")
   assert (sc["Restart"], sc["RestartSec"], sc["LoadCredential"]) == ("on-failure", "5s", [])
@@ -256,7 +256,7 @@ def test_module_defaults(nix_env):
 @needs_lib
 def test_module_options(nix_env):
   out = module_eval(nix_env, f"""{{ services.orin-llm = {{ {BASE}
-    settings = {{ host = "0.0.0.0"; port = 8000; beam = {{ width = 4; workers = 3; }}; context_length = 8192; max_batch = 8;
+    settings = {{ host = "0.0.0.0"; port = 8000; beam = {{ width = 4; workers = 3; }}; context_length = 8192; max_batch = 8; gather_ms = 2.5;
                  kernel_cache.directory = "/srv/orin-llm-cache"; extra.flag = true; }};
     openFirewall = true; apiKeyFile = "/run/secrets/key"; hugepages.enable = true;
     deviceAllow = null; environment.DEBUG = "2"; }}; }}""")
@@ -269,9 +269,20 @@ def test_module_options(nix_env):
   assert sc["DeviceAllow"] == []
   assert out["tmpfiles"] == ["d /srv/orin-llm-cache 0750 orin-llm orin-llm - -"]
   assert out["firewall"] == [8000] and out["sysctl"] == {"vm.nr_hugepages": 128}
-  assert out["settings"] == {"model": MODEL, "host": "0.0.0.0", "port": 8000, "context_length": 8192, "max_batch": 8,
+  assert out["settings"] == {"model": MODEL, "host": "0.0.0.0", "port": 8000, "context_length": 8192, "max_batch": 8, "gather_ms": 2.5,
                              "api_key_file": "/run/credentials/orin-llm.service/api-key", "extra": {"flag": True},
                              "beam": {"width": 4, "workers": 3}, "kernel_cache": {"directory": "/srv/orin-llm-cache"}}
+
+@needs_nix
+@needs_lib
+@pytest.mark.parametrize("setting", ["max_batch = 0", "max_batch = 65", "gather_ms = 100.5", "gather_ms = -1", 'gather_ms = "2"'])
+def test_module_typed_settings_refuse_out_of_bounds(nix_env, setting):
+  """The typed settings' bounds are the program's (server/config.py): a value it would refuse at start-up fails the
+  evaluation, naming the option."""
+  ok = module_eval(nix_env, f"{{ services.orin-llm = {{ {BASE} }}; }}")
+  assert ok["failedAssertions"] == []
+  with pytest.raises(AssertionError, match=r"services\.orin-llm\.settings\." + setting.split(" ")[0]):
+    module_eval(nix_env, f"{{ services.orin-llm = {{ {BASE} settings.{setting}; }}; }}")
 
 @needs_nix
 @needs_lib
@@ -314,7 +325,7 @@ def test_module_renamed_and_removed_options(nix_env):
   out = module_eval(nix_env, """{ services.orin-llm = { enable = true; model = "/m.gguf"; port = 8000;
     beam = { width = 0; workers = 3; }; kernelCache = { directory = "/srv/c"; prewarm = true; }; }; }""")
   assert out["failedAssertions"] == []
-  assert out["settings"] == {"model": "/m.gguf", "host": "127.0.0.1", "port": 8000, "max_batch": 4, "beam": {"width": 0, "workers": 3},
+  assert out["settings"] == {"model": "/m.gguf", "host": "127.0.0.1", "port": 8000, "max_batch": 4, "gather_ms": 0, "beam": {"width": 0, "workers": 3},
                              "kernel_cache": {"directory": "/srv/c"}}
   assert out["units"] == ["orin-llm", "orin-llm-prewarm"]
   assert len(out["warnings"]) == 6 and all("has been renamed to `services.orin-llm." in w for w in out["warnings"])
