@@ -236,6 +236,10 @@ def test_module_defaults(nix_env):
   assert exec_argv(psc["ExecStart"]) == [EXE, "prewarm", "--config", argv[3]]
   assert out["settings"] == {"model": MODEL, "host": "127.0.0.1", "port": 8080, "max_batch": 4, "gather_ms": 0, "beam": {"width": 0},
                              "kernel_cache": {"directory": "/var/cache/orin-llm"}}
+  # the program reads what the module renders (types included: Nix writes gather_ms' default as an integer)
+  from orin_llm.server.config import from_dict
+  cfg = from_dict(out["settings"])
+  assert (cfg.max_batch, cfg.gather_ms, cfg.port) == (4, 0.0, 8080)
   assert (sc["Type"], sc["NotifyAccess"], sc["WatchdogSec"], sc["TimeoutStartSec"]) == ("notify", "main", "30s", "30min")
   assert (sc["Restart"], sc["RestartSec"], sc["LoadCredential"]) == ("on-failure", "5s", [])
   assert (psc["Type"], psc["RemainAfterExit"], psc["TimeoutStartSec"]) == ("oneshot", True, "30min")
