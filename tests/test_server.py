@@ -181,6 +181,28 @@ def test_stop_text_holds_back_partial_matches():
   for i in ids: out += s.push(i)[0]
   assert out + s.flush() == "Hello world. STOP here"
 
+def test_sse_text_chunk_template():
+  """A stream's text chunk from its template (app._template) is the bytes json.dumps gives the whole chunk, for texts
+  with quotes, backslashes, control characters, non-ASCII and the replacement character."""
+  import random
+  from orin_llm.server.app import _MARK, _template
+  rng = random.Random()
+  alphabet = ['"', "\\", "\n", "\t", "\x00", "\x1f", "\x7f", "/", "a", " ", "é", "日", "\u2028", "\ufffd", "🙂", "{", "}"]
+  for chat in (False, True):
+    choice = {"index": 0, "delta": {"content": _MARK}} if chat else {"index": 0, "text": _MARK}
+    obj = {"id": "cmpl-" + "%024x" % rng.getrandbits(96), "object": "x", "created": rng.randrange(1 << 31), "model": "m\"é",
+           "system_fingerprint": None, "choices": [{**choice, "logprobs": None, "finish_reason": None}]}
+    make = _template(obj)
+    for _ in range(200):
+      text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 12)))
+      want = json.loads(json.dumps(obj).replace(json.dumps(_MARK), json.dumps(text)))
+      got = make(text)
+      assert got.startswith(b"data: ") and got.endswith(b"\n\n")
+      assert json.loads(got[6:-2]) == want
+      c = json.loads(got[6:-2])["choices"][0]
+      assert (c["delta"]["content"] if chat else c["text"]) == text
+      assert got == b"data: " + json.dumps(want, ensure_ascii=False).encode() + b"\n\n"
+
 def test_models_health_metrics(server, client):
   assert [m.id for m in client.models.list().data] == [server[1]]
   assert client.models.retrieve(server[1]).id == server[1]

@@ -92,6 +92,29 @@ def test_jobs_share_the_engine_and_each_gets_its_own_tokens(setup):
     assert evs[-1][0] == "end" and evs[-1][1] == "length"
   assert max(len(s) for s in eng.decodes) == 2  # two generating together, never more than the slots
 
+def test_a_rounds_tokens_reach_the_loop_in_one_wake_up(setup):
+  """The events of a decode round (and of the job's end) reach the event loop in one call_soon_threadsafe, in order:
+  a wake-up of the loop's thread a token held the GIL while the device ran (8 streams: 64 a round of 8 steps)."""
+  eng, w = setup
+  n = int(np.random.default_rng().integers(30, 60))
+  async def main():
+    loop = asyncio.get_running_loop()
+    wakeups, post = [0], loop.call_soon_threadsafe
+    def counting(*a, **k):
+      wakeups[0] += 1
+      return post(*a, **k)
+    loop.call_soon_threadsafe = counting
+    prompt = [int(np.random.default_rng().integers(100, 1000))] * 3
+    job = W.Job(prompt, n, Sampling(), [], loop)
+    w.submit(job)
+    return prompt, await collect(job), wakeups[0]
+  prompt, evs, wakeups = run(main())
+  assert "".join(e[1] for e in evs if e[0] == "text") == "".join(f"<{t}>" for t in range(prompt[0] + 1, prompt[0] + 1 + n))
+  assert [e[0] for e in evs][0] == "start" and evs[-1][:2] == ("end", "length")
+  rounds = len(eng.rounds)
+  assert sum(eng.rounds) >= n - 1 and rounds < n // 2  # rounds of several steps
+  assert wakeups <= rounds + 3, (wakeups, rounds)  # start, the first token, a wake-up a round (its last with the end)
+
 def test_end_event_times_the_request(setup):
   """The end event's timings (the answer's `timings`): the prompt tokens run (a prefix the slot holds is not run
   again), the time in each phase (the stand-in engine sleeps 10 ms a chunk of 4 tokens), adding up to the request's."""

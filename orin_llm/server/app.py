@@ -481,6 +481,16 @@ def _tool_choice(text: str, finish: str, fmt) -> dict:
           "logprobs": None, "finish_reason": "tool_calls"}
 
 # ---------------------------------------------------------------------- generation
+_MARK = "\0text\0"  # a text no token gives: where a chunk's text goes in its template
+
+def _template(obj: dict):
+  """f(text) -> the SSE event of obj with _MARK replaced by text: json.dumps(obj)'s bytes, with the text's JSON string
+  encoded alone (the rest of the chunk is the same for every token of a stream)."""
+  mark = json.dumps(_MARK)
+  before, after = json.dumps(obj, ensure_ascii=False).split(mark)
+  before, after = b"data: " + before.encode(), after.encode() + b"\n\n"
+  return lambda text: before + json.dumps(text, ensure_ascii=False).encode() + after
+
 async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, chat: bool, received: float, reading: Reading,
                tools=None) -> web.StreamResponse:
   """tools: the structured.ToolFormat whose calls the answer may hold (chat with tools), None for plain text.
@@ -513,32 +523,38 @@ async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, ch
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     await resp.prepare(request)
     chunk = {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created, "model": srv.model_id, "system_fingerprint": None}
-    async def send(data):
-      await resp.write(b"data: " + (data if isinstance(data, bytes) else json.dumps(data, ensure_ascii=False).encode()) + b"\n\n")
+    # the events that have come are written together, one write a decode round rather than a token (worker.Job.held);
+    # a text chunk is its template's bytes around the text's JSON string (the same bytes json.dumps gives the chunk)
+    out, text_chunk = [], _template({**chunk, "choices": [choice(_MARK, None, True)]})
+    def put(data): out.append(b"data: " + (data if isinstance(data, bytes) else json.dumps(data, ensure_ascii=False).encode()) + b"\n\n")
     try:
-      if chat: await send({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
+      if chat: put({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
       calls = None
       if tools is not None:
         from orin_llm.structured import ToolStream
         calls = ToolStream(tools)
-      async def deltas(ds):
-        for d in ds: await send({**chunk, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": None}]})
-      while True:
-        ev = await job.events.get()
-        if ev[0] == "text":
-          if calls is not None: await deltas(calls.push(ev[1]))
-          else: await send({**chunk, "choices": [choice(ev[1], None, True)]})
-        elif ev[0] == "error":
-          await send({"error": {"message": ev[1], "type": "server_error", "param": None, "code": None}}); break
-        elif ev[0] == "end":
-          finish = ev[1]
-          if calls is not None:
-            await deltas(calls.finish())
-            if calls.calls: finish = "tool_calls"
-          await send({**chunk, "choices": [choice(None if chat else "", finish, True)], "timings": ev[3]})  # as llama-server's last chunk
-          if g["usage"]: await send({**chunk, "choices": [], "usage": ev[2]})
-          break
-      await send(b"[DONE]")
+      def deltas(ds):
+        for d in ds: put({**chunk, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": None}]})
+      ended = False
+      while not ended:
+        evs = [await job.events.get()]
+        while not job.events.empty(): evs.append(job.events.get_nowait())
+        for ev in evs:
+          if ev[0] == "text":
+            if calls is not None: deltas(calls.push(ev[1]))
+            else: out.append(text_chunk(ev[1]))
+          elif ev[0] == "error":
+            put({"error": {"message": ev[1], "type": "server_error", "param": None, "code": None}}); ended = True; break
+          elif ev[0] == "end":
+            finish = ev[1]
+            if calls is not None:
+              deltas(calls.finish())
+              if calls.calls: finish = "tool_calls"
+            put({**chunk, "choices": [choice(None if chat else "", finish, True)], "timings": ev[3]})  # as llama-server's last chunk
+            if g["usage"]: put({**chunk, "choices": [], "usage": ev[2]})
+            ended = True; break
+        if ended: put(b"[DONE]")
+        if out: await resp.write(b"".join(out)); out.clear()
       await resp.write_eof()
     except ConnectionError: pass  # the client left mid-stream; finally frees the engine
     return resp
