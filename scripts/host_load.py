@@ -10,7 +10,7 @@ steps on an H100 (docs/PERF.md, fifty-second session). The host here is not the 
 machine, changed and unchanged, alternated.
   host_load.py [--vocab GGUF] [--parallel 1,4,8] [--tokens 128] [--rounds 3] [--step-ms 1:1.04,2:1.3,4:1.443,8:1.593]
                [--queue-ms 0.3] [--prompt-ms 2.5] [--gather-ms 0] [--port 18091] [--server-cpus 1] [--json OUT]"""
-import argparse, asyncio, json, os, pathlib, subprocess, sys, threading, time
+import argparse, asyncio, json, pathlib, sys, time
 import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
