@@ -146,7 +146,8 @@ def main():
     s, ms = res["ours"][n], step[min((b for b in step if b >= n), default=max(step))]
     s["device_tok_s"] = 1e3 / ms  # a stream's rate were the host free
     print(f"  N {n}: aggregate {s['aggregate_tok_s']:8.1f} tok/s, per stream {s['per_stream_tok_s']:7.1f} "
-          f"({s['per_stream_tok_s'] / s['device_tok_s']:.1%} of the device's {s['device_tok_s']:.1f}), TTFT median {s['ttft_ms_median']:.1f} ms")
+          f"({s['per_stream_tok_s'] / s['device_tok_s']:.1%} of the device's {s['device_tok_s']:.1f}), TTFT median {s['ttft_ms_median']:.1f} ms"
+          + "".join(f", {k[:-10]} {s[k]:.1f}" for k in (f"{k}_median" for k in load_bench.PHASES + ("ttft_rest_ms",)) if k in s))
   print(pathlib.Path(f"/tmp/host_load-{args.port}.log").read_text().strip().splitlines()[-1])
   if args.json: pathlib.Path(args.json).write_text(json.dumps(res, indent=1))
 
