@@ -185,8 +185,9 @@ def test_sse_text_chunk_template():
   """A stream's text chunk from its template (app._template) is the bytes json.dumps gives the whole chunk, for texts
   with quotes, backslashes, control characters, non-ASCII and the replacement character."""
   import random
+  from conftest import seed_for
   from orin_llm.server.app import _MARK, _template
-  rng = random.Random()
+  rng = random.Random(seed_for("test_sse_text_chunk_template"))
   alphabet = ['"', "\\", "\n", "\t", "\x00", "\x1f", "\x7f", "/", "a", " ", "é", "日", "\u2028", "\ufffd", "🙂", "{", "}"]
   for chat in (False, True):
     choice = {"index": 0, "delta": {"content": _MARK}} if chat else {"index": 0, "text": _MARK}
@@ -202,6 +203,29 @@ def test_sse_text_chunk_template():
       c = json.loads(got[6:-2])["choices"][0]
       assert (c["delta"]["content"] if chat else c["text"]) == text
       assert got == b"data: " + json.dumps(want, ensure_ascii=False).encode() + b"\n\n"
+
+def test_stream_events_are_json_dumps_bytes(server):
+  """Every event of a raw stream (completions and chat) is json.dumps' bytes of its object, in OpenAI's key order, and
+  the stream ends with [DONE]: the text chunks from app._template and the rest from json.dumps alike."""
+  for path, body in (("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 12}),
+                     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 12})):
+    st = Stream(server[0], {**body, "model": server[1], "temperature": 0, "stream_options": {"include_usage": True}}, path)
+    try:
+      assert st.status == 200
+      evs = []
+      while (e := st.event()) is not None: evs.append(e)
+    finally: st.close()
+    assert evs[-1] == "[DONE]" and len(evs) >= 4, evs
+    objs = [json.loads(e) for e in evs[:-1]]
+    for e, o in zip(evs, objs):
+      assert e == json.dumps(o, ensure_ascii=False)
+      assert list(o) == ["id", "object", "created", "model", "system_fingerprint", "choices"] + [k for k in ("timings", "usage") if k in o]
+    texts = [o for o in objs if o["choices"] and o["choices"][0]["finish_reason"] is None]
+    if path.endswith("chat/completions"):
+      assert objs[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+      texts = texts[1:]
+    assert texts and all(list(o["choices"][0]) == ["index", "delta" if "chat" in path else "text", "logprobs", "finish_reason"] for o in texts)
+    assert 1 <= objs[-1]["usage"]["completion_tokens"] <= 12 and objs[-2]["choices"][0]["finish_reason"] in ("length", "stop")
 
 def test_models_health_metrics(server, client):
   assert [m.id for m in client.models.list().data] == [server[1]]

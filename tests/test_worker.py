@@ -92,11 +92,11 @@ def test_jobs_share_the_engine_and_each_gets_its_own_tokens(setup):
     assert evs[-1][0] == "end" and evs[-1][1] == "length"
   assert max(len(s) for s in eng.decodes) == 2  # two generating together, never more than the slots
 
-def test_a_rounds_tokens_reach_the_loop_in_one_wake_up(setup):
+def test_a_rounds_tokens_reach_the_loop_in_one_wake_up(setup, rng):
   """The events of a decode round (and of the job's end) reach the event loop in one call_soon_threadsafe, in order:
   a wake-up of the loop's thread a token held the GIL while the device ran (8 streams: 64 a round of 8 steps)."""
   eng, w = setup
-  n = int(np.random.default_rng().integers(30, 60))
+  n = int(rng.integers(30, 60))
   async def main():
     loop = asyncio.get_running_loop()
     wakeups, post = [0], loop.call_soon_threadsafe
@@ -104,7 +104,7 @@ def test_a_rounds_tokens_reach_the_loop_in_one_wake_up(setup):
       wakeups[0] += 1
       return post(*a, **k)
     loop.call_soon_threadsafe = counting
-    prompt = [int(np.random.default_rng().integers(100, 1000))] * 3
+    prompt = [int(rng.integers(100, 1000))] * 3
     job = W.Job(prompt, n, Sampling(), [], loop)
     w.submit(job)
     return prompt, await collect(job), wakeups[0]
@@ -114,6 +114,39 @@ def test_a_rounds_tokens_reach_the_loop_in_one_wake_up(setup):
   rounds = len(eng.rounds)
   assert sum(eng.rounds) >= n - 1 and rounds < n // 2  # rounds of several steps
   assert wakeups <= rounds + 3, (wakeups, rounds)  # start, the first token, a wake-up a round (its last with the end)
+
+def test_a_failure_inside_a_round_keeps_its_events(rng, monkeypatch):
+  """The detokenizer fails on a token in the middle of a round: the tokens before it still reach the client, in order,
+  then the error (Scheduler.fail); the held events are posted, and later events are not held back."""
+  start = int(rng.integers(100, 1000))
+  bad = start + int(rng.integers(4, 12))  # a token of a decode round (the first comes from the prompt)
+  class Failing(Tok):
+    def stream(self):
+      class D:
+        def push(self, i):
+          if i == bad: raise RuntimeError("the detokenizer failed")
+          return f"<{i}>"
+        def flush(self): return ""
+      return D()
+  monkeypatch.setattr(W.Worker, "_warm_up", lambda self: None)
+  w = W.Worker(lambda: (FakeEngine(), Failing()), queue_size=4, metrics=Metrics())
+  w.start()
+  t0 = time.monotonic()
+  while w.state != "ready": assert time.monotonic() - t0 < 10; time.sleep(0.01)
+  async def main():
+    loop = asyncio.get_running_loop()
+    job = W.Job([start] * 3, 40, Sampling(), [], loop)
+    w.submit(job)
+    first = await collect(job)
+    again = W.Job([start + 1000] * 3, 5, Sampling(), [], loop)  # the next job's events are not held back
+    w.submit(again)
+    return first, await collect(again)
+  try: evs, after = run(main())
+  finally: w.stop(); w.thread.join(5)
+  assert "".join(e[1] for e in evs if e[0] == "text") == "".join(f"<{t}>" for t in range(start + 1, bad))
+  assert evs[-1][0] == "error" and "the detokenizer failed" in evs[-1][1]
+  assert after[-1][:2] == ("end", "length") and "".join(e[1] for e in after if e[0] == "text") == \
+    "".join(f"<{t}>" for t in range(start + 1001, start + 1006))
 
 def test_end_event_times_the_request(setup):
   """The end event's timings (the answer's `timings`): the prompt tokens run (a prefix the slot holds is not run

@@ -487,7 +487,9 @@ def _template(obj: dict):
   """f(text) -> the SSE event of obj with _MARK replaced by text: json.dumps(obj)'s bytes, with the text's JSON string
   encoded alone (the rest of the chunk is the same for every token of a stream)."""
   mark = json.dumps(_MARK)
-  before, after = json.dumps(obj, ensure_ascii=False).split(mark)
+  parts = json.dumps(obj, ensure_ascii=False).split(mark)
+  if len(parts) != 2: raise ValueError("a stream's chunk holds the text's marker other than once")  # before any header is sent
+  before, after = parts
   before, after = b"data: " + before.encode(), after.encode() + b"\n\n"
   return lambda text: before + json.dumps(text, ensure_ascii=False).encode() + after
 
@@ -520,15 +522,21 @@ async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, ch
           c = choice("".join(parts), ev[1], False) if tools is None else _tool_choice("".join(parts), ev[1], tools)
           return web.json_response({"id": rid, "object": obj, "created": created, "model": srv.model_id, "system_fingerprint": None,
                                     "choices": [c], "usage": ev[2], "timings": ev[3]})
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    await resp.prepare(request)
     chunk = {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created, "model": srv.model_id, "system_fingerprint": None}
     # the events that have come are written together, one write a decode round rather than a token (worker.Job.held);
     # a text chunk is its template's bytes around the text's JSON string (the same bytes json.dumps gives the chunk)
     out, text_chunk = [], _template({**chunk, "choices": [choice(_MARK, None, True)]})
     def put(data): out.append(b"data: " + (data if isinstance(data, bytes) else json.dumps(data, ensure_ascii=False).encode()) + b"\n\n")
+    async def write():
+      if out:
+        data = b"".join(out); out.clear()
+        await resp.write(data)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    await resp.prepare(request)
     try:
-      if chat: put({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
+      if chat:  # at once, as before the job takes a slot
+        put({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
+        await write()
       calls = None
       if tools is not None:
         from orin_llm.structured import ToolStream
@@ -539,22 +547,23 @@ async def _run(request: web.Request, srv: Server, prompt: list[int], g: dict, ch
       while not ended:
         evs = [await job.events.get()]
         while not job.events.empty(): evs.append(job.events.get_nowait())
-        for ev in evs:
-          if ev[0] == "text":
-            if calls is not None: deltas(calls.push(ev[1]))
-            else: out.append(text_chunk(ev[1]))
-          elif ev[0] == "error":
-            put({"error": {"message": ev[1], "type": "server_error", "param": None, "code": None}}); ended = True; break
-          elif ev[0] == "end":
-            finish = ev[1]
-            if calls is not None:
-              deltas(calls.finish())
-              if calls.calls: finish = "tool_calls"
-            put({**chunk, "choices": [choice(None if chat else "", finish, True)], "timings": ev[3]})  # as llama-server's last chunk
-            if g["usage"]: put({**chunk, "choices": [], "usage": ev[2]})
-            ended = True; break
-        if ended: put(b"[DONE]")
-        if out: await resp.write(b"".join(out)); out.clear()
+        try:
+          for ev in evs:
+            if ev[0] == "text":
+              if calls is not None: deltas(calls.push(ev[1]))
+              else: out.append(text_chunk(ev[1]))
+            elif ev[0] == "error":
+              put({"error": {"message": ev[1], "type": "server_error", "param": None, "code": None}}); ended = True; break
+            elif ev[0] == "end":
+              finish = ev[1]
+              if calls is not None:
+                deltas(calls.finish())
+                if calls.calls: finish = "tool_calls"
+              put({**chunk, "choices": [choice(None if chat else "", finish, True)], "timings": ev[3]})  # as llama-server's last chunk
+              if g["usage"]: put({**chunk, "choices": [], "usage": ev[2]})
+              ended = True; break
+          if ended: put(b"[DONE]")
+        finally: await write()  # what was formatted goes out, even when a later event's formatting failed
       await resp.write_eof()
     except ConnectionError: pass  # the client left mid-stream; finally frees the engine
     return resp
