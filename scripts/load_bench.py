@@ -5,7 +5,8 @@ each N of --parallel. A client sends a prompt of --prompt-tokens random token id
 both servers, no tokenizer in between) and asks for --tokens tokens at temperature 0 with EOS ignored
 (llama-server's ignore_eos; ours has no such field and stops at EOS, which random weights rarely pick:
 a stream that ends early is counted). Per N: aggregate tok/s (every token of the round over its wall
-time), per-stream tok/s (after its first token), time to first token (median, p95 over all streams).
+time), per-stream tok/s (after its first token), time to first token (median, p95 over all streams),
+when the requests were sent (their spread in a round), and each round's streams (JSON's "detail").
 Ours starts once, with a slot per client of the largest N (--max-batch); llama-server starts for each N.
   load_bench.py --model F [--llama-server PATH] [--parallel 1,2,4,8] [--tokens 128] [--rounds 3]
                 [--config TOML] [--max-batch B] [--port 18081] [--json OUT] [--logs DIR]"""
@@ -43,14 +44,23 @@ def stop(proc: subprocess.Popen):
     try: proc.wait(60)
     except subprocess.TimeoutExpired: proc.kill(); proc.wait()
 
+def sent_times() -> aiohttp.TraceConfig:
+  """A session's trace that puts in each request's trace_request_ctx (a dict) when its headers and body were last
+  handed to the socket ("sent"): clients started together send from one event loop, one after another."""
+  tc = aiohttp.TraceConfig()
+  async def sent(session, ctx, params):
+    if isinstance(ctx.trace_request_ctx, dict): ctx.trace_request_ctx["sent"] = time.perf_counter()
+  tc.on_request_headers_sent.append(sent); tc.on_request_chunk_sent.append(sent)
+  return tc
+
 async def stream(s: aiohttp.ClientSession, url: str, prompt: list[int], n: int) -> dict:
-  """One streamed completion: times of its first and last text chunks, tokens, finish reason."""
+  """One streamed completion: times of its start, its request sent, its first and last text chunks, tokens, finish reason."""
   body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True, "ignore_eos": True,
           "stream_options": {"include_usage": True}}
   t0 = time.perf_counter()
   first = last = usage = finish = predicted = timings = None
-  chunks, seen = 0, []
-  async with s.post(url + "/v1/completions", json=body) as r:
+  chunks, seen, trace = 0, [], {}
+  async with s.post(url + "/v1/completions", json=body, trace_request_ctx=trace) as r:
     if r.status != 200: raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.text())[:300]}")
     async for line in r.content:
       if len(seen) < 6: seen.append(line[:300])
@@ -71,12 +81,12 @@ async def stream(s: aiohttp.ClientSession, url: str, prompt: list[int], n: int) 
     if not tokens: raise RuntimeError(f"{url}: a stream ended without a token (finish_reason {finish}); its first lines: {seen}")
     first = last = time.perf_counter()
     print(f"load_bench: {url}: a stream sent its {tokens} tokens at once, at its end (counted; its TTFT is its whole time)", file=sys.stderr)
-  return {"start": t0, "first": first, "last": last, "tokens": tokens, "finish": finish, "timings": timings or {}}
+  return {"start": t0, "sent": trace.get("sent"), "first": first, "last": last, "tokens": tokens, "finish": finish, "timings": timings or {}}
 
 async def rounds(url: str, n: int, n_rounds: int, tokens: int, prompt_tokens: int, vocab: int, rng) -> list[list[dict]]:
   lo, hi = min(1000, vocab // 4), min(vocab, 100000)  # ordinary tokens: not the special ones at the top of the vocabulary
   out = []
-  async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=600)) as s:
+  async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=600), trace_configs=[sent_times()]) as s:
     for _ in range(n_rounds):
       out.append(await asyncio.gather(*[stream(s, url, rng.integers(lo, hi, prompt_tokens).tolist(), tokens) for _ in range(n)]))
   return out
@@ -98,6 +108,13 @@ def phases(streams: list[dict]) -> dict:
     out["ttft_rest_ms_median"] = float(np.median([(x["first"] - x["start"]) * 1e3 - t for x, t in zip(full, server)]))
   return out
 
+def detail(rs: list[list[dict]]) -> list[list[dict]]:
+  """Each round's streams, times in ms from the round's first start: when a first token waits, whether its request
+  reached the server late (sent) or waited there (the server's timings)."""
+  def ms(t, t0): return None if t is None else round((t - t0) * 1e3, 3)
+  return [[{"start": ms(x["start"], t0), "sent": ms(x["sent"], t0), "first": ms(x["first"], t0), "last": ms(x["last"], t0),
+            "tokens": x["tokens"], "timings": x["timings"]} for x in r] for r in rs for t0 in [min(x["start"] for x in r)]]
+
 def summary(rs: list[list[dict]], tokens: int) -> dict:
   streams = [x for r in rs for x in r]
   agg = [sum(x["tokens"] for x in r) / (max(x["last"] for x in r) - min(x["start"] for x in r)) for r in rs]
@@ -106,7 +123,15 @@ def summary(rs: list[list[dict]], tokens: int) -> dict:
   return {"aggregate_tok_s": float(np.median(agg)), "per_stream_tok_s": float(np.median(per)) if per else None,
           "per_stream_tok_s_min": float(min(per)) if per else None, "ttft_ms_median": float(np.median(ttft)),
           "ttft_ms_p95": float(np.percentile(ttft, 95)), "streams": len(streams),
-          "ended_early": sum(x["tokens"] < tokens for x in streams), "tokens": sum(x["tokens"] for x in streams), **phases(streams)}
+          "ended_early": sum(x["tokens"] < tokens for x in streams), "tokens": sum(x["tokens"] for x in streams), **phases(streams),
+          **sends(rs), "detail": detail(rs)}
+
+def sends(rs: list[list[dict]]) -> dict:
+  """The medians over rounds of the spread of the requests' sending (the last one's sent - the first one's) and over
+  streams of each request's sent - start."""
+  if any(x["sent"] is None for r in rs for x in r): return {}
+  return {"send_spread_ms_median": float(np.median([(max(x["sent"] for x in r) - min(x["sent"] for x in r)) * 1e3 for r in rs])),
+          "sent_ms_median": float(np.median([(x["sent"] - x["start"]) * 1e3 for r in rs for x in r]))}
 
 def measure(url: str, args, ns: list[int], vocab: int, rng) -> dict:
   asyncio.run(rounds(url, 1, 1, 8, args.prompt_tokens, vocab, rng))  # warm-up: first-request costs stay out of the figures
@@ -178,5 +203,8 @@ def print_table(res: dict, ns: list[int]):
       print(line.rstrip())
       if (p := [f"{k[:-10]} {s[k]:.1f}" for k in (f"{k}_median" for k in PHASES + ("ttft_rest_ms",)) if k in s]):
         print(f"  {'':<10} {'':>3} time to first token, server's medians in ms: {', '.join(p)}")
+      if "send_spread_ms_median" in s:
+        print(f"  {'':<10} {'':>3} requests sent {s['sent_ms_median']:.1f} ms after their start (median), the last of a round "
+              f"{s['send_spread_ms_median']:.1f} ms after the first (median of rounds)")
 
 if __name__ == "__main__": main()

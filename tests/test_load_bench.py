@@ -58,6 +58,12 @@ def test_load_bench(tmp_path):
     # the server's split of the time to the first token (its timings): within the client's, the rest the way back
     assert all(o[f"{k}_median"] >= 0 for k in ("request_ms", "queued_ms")) and o["prompt_ms_median"] > 0
     assert 0 < o["ttft_server_ms_median"] and o["ttft_rest_ms_median"] >= 0 and "ttft_server_ms_median" not in ll
+    # when each request was sent (aiohttp's trace), and each round's streams from its first start
+    for x in (o, ll):
+      assert 0 <= x["send_spread_ms_median"] and 0 <= x["sent_ms_median"] < x["ttft_ms_median"]
+      assert len(x["detail"]) == 2 and all(len(r) == int(n) for r in x["detail"])
+      assert min(s["start"] for s in x["detail"][0]) == 0
+      assert all(s["start"] <= s["sent"] <= s["first"] <= s["last"] for r in x["detail"] for s in r)
     assert res["ratio"][f"aggregate_n{n}"] > 0
   calls = (tmp_path / "llama-server.calls").read_text().splitlines()
   assert [c.split("-np ")[1].split()[:3] for c in calls] == [["1", "-c", "4096"], ["2", "-c", "8192"]] and "-fa on" in calls[0]
