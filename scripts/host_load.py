@@ -52,12 +52,9 @@ class TimedEngine:
   def check_prompt(self, prompt):
     from orin_llm.errors import OrinError
     if not prompt or len(prompt) >= self.max_context: raise OrinError("bad prompt length")
-  def common_prefix(self, s, toks):
-    n = 0
-    for a, b in zip(self.slots[s].cached, toks):
-      if a != b: break
-      n += 1
-    return n
+  def common_prefix(self, slot, toks):  # the engine's own (it reads only the slots)
+    from orin_llm.engine import Engine
+    return Engine.common_prefix(self, slot, toks)
   def reset(self, slot=None):
     for s in self.slots: s.cached, s.next = [], None
   def set_mask(self, slot, mask): pass
