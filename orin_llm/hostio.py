@@ -8,8 +8,8 @@ Steps queued between fetch() and wait() may run while the host waits: the engine
 it reads this one's tokens, so the device does not idle while the host reads a token, runs the grammar and queues
 the next step (a constrained request reads every token: docs/PERF.md, JSON schema).
 
-HostIO goes through tinygrad's allocator (any device): its wait waits for everything queued, later steps included,
-and each upload of the CUDA allocator takes a pinned buffer that is freed only at the next full synchronization.
+HostIO goes through tinygrad's allocator (any device): its fetch copies at once, waiting for everything queued, and
+each upload of the CUDA allocator takes a pinned buffer that is freed only at the next full synchronization.
 CudaHostIO copies asynchronously through one pinned arena on the default stream, the one tinygrad queues its kernels
 and graphs on, so that the copies keep their place among the steps; wait() waits on an event recorded after the
 fetch's copy, not on the device.
@@ -39,16 +39,17 @@ class HostIO:
     v.allocator._copyin(v._buf, memoryview(np.ascontiguousarray(values)).cast("B"))
 
   def fetch(self, buf: Tensor, count: int):
+    """Copies at once: one copy straight from the allocator, which waits for everything queued (steps queued before
+    wait() would otherwise write buf first). A Tensor slice's .numpy() schedules a copy kernel on every call: 2.4 ms of
+    host time (tinygrad CPU)."""
     assert self.pending is None, "one fetch at a time"
-    self.pending = (buf, count)
-
-  def wait(self) -> np.ndarray:
-    """One copy straight from the allocator, once everything queued has run. A Tensor slice's .numpy() schedules a
-    copy kernel on every call: 2.4 ms of host time (tinygrad CPU)."""
-    (buf, count), self.pending = self.pending, None
     v = _view(buf, 0, count)
     out = np.empty(count, _to_np_dtype(v.dtype))
     v.allocator._copyout(memoryview(out).cast("B"), v._buf)
+    self.pending = out
+
+  def wait(self) -> np.ndarray:
+    out, self.pending = self.pending, None
     return out
 
   def read(self, buf: Tensor, count: int) -> np.ndarray:
@@ -83,9 +84,12 @@ class CudaHostIO(HostIO):
   def _take(self, nbytes: int) -> int:
     nbytes = (nbytes + 63) // 64 * 64
     if self.used + nbytes > self.ARENA:
-      assert self.pending is None, "the arena is full while a fetch waits"
       self.check(self.cuda.cuEventRecord(self.event, None))
       self.check(self.cuda.cuEventSynchronize(self.event))
+      if isinstance(f := self.pending, _Fetch):  # a fetch waits (the server's prompts queued behind a first token's copy):
+        out = np.empty(f.count, f.dtype)          # its copy has run; what it fetched is kept before the arena is reused
+        ctypes.memmove(out.ctypes.data, f.addr, out.nbytes)
+        self.pending = out
       self.used = 0
     addr, self.used = self.host.value + self.used, self.used + nbytes
     return addr
