@@ -186,6 +186,7 @@ class Engine:
     """Forgets what the slot (default: every slot) holds: its next prompt runs from position 0."""
     for i in range(len(self.slots)) if slot is None else [slot]: self.slots[i].cached, self.slots[i].next = [], None
     self._ahead = None
+    if slot is None: self.io.pending, self._fetched = None, []  # a failure may leave a fetch unread
   @property
   def cached(self) -> list[int]:
     """Slot 0's cached tokens (the single-sequence API)."""
@@ -284,6 +285,20 @@ class Engine:
     s = self.slots[slot]
     if s.next is None: s.next = int(self._copy_out(self.state.next_tok, slot + 1)[slot])
     return s.next
+
+  def fetch_first(self, slots: list[int]):
+    """Queues the copy to the host of the tokens chosen for these slots' prompts, whose last steps (prefill_chunks',
+    prefill_together's) are queued; read_first waits for it. Steps queued in between run while the host waits (the
+    server queues the prompts of jobs that joined meanwhile), and may write these slots' next_tok (a batch's idle rows
+    choose too): the copy has its place before them."""
+    self.io.fetch(self.state.next_tok, max(slots) + 1)
+    self._fetched = list(slots)
+
+  def read_first(self) -> dict[int, int]:
+    """{slot: its first token} for fetch_first's slots, once their copy has run; first_token then returns it too."""
+    out, slots, self._fetched = self.io.wait(), self._fetched, []
+    for b in slots: self.slots[b].next = int(out[b])
+    return {b: self.slots[b].next for b in slots}
 
   def prefill(self, slot: int, tokens: list[int], sampling: Sampling = Sampling(), mask=None) -> int:
     """prefill_chunks run to the end; returns the chosen next token."""

@@ -61,19 +61,29 @@ class TimedEngine:
   def prefill_chunks(self, slot, toks, sampling=None, mask=None):
     s = self.slots[slot]
     s.cached, s.next, s.sampling, self._ahead = toks[:-1], None, sampling, None
-    self._queue(self.prompt_s); self._wait(self.dev)
+    self._queue(self.prompt_s)
     s.cached = list(toks)
     yield len(toks)
   def prefill_together(self, jobs: dict) -> dict:
     for slot, (toks, sampling) in jobs.items():
       self.slots[slot].cached, self.slots[slot].next, self.slots[slot].sampling = list(toks), None, sampling
     self._ahead = None
-    self._queue(self.prompt_s * 1.5); self._wait(self.dev)
+    self._queue(self.prompt_s * 1.5)
     return {slot: len(toks) for slot, (toks, _) in jobs.items()}
   def first_token(self, slot):
     s = self.slots[slot]
-    if s.next is None: s.next = self._token()
+    if s.next is None:
+      self._wait(self.dev)
+      s.next = self._token()
     return s.next
+  def fetch_first(self, slots):  # the copy has its place behind the steps queued so far
+    self._fetch = (self.dev, list(slots))
+  def read_first(self):
+    (ready, slots), self._fetch = self._fetch, None
+    self._wait(ready)
+    for b in slots:
+      if self.slots[b].next is None: self.slots[b].next = self._token()
+    return {b: self.slots[b].next for b in slots}
   def decode(self, slots, n, masks=None, ahead=False):
     B = 1 if len(slots) == 1 else next(b for b in self.batch_sizes if b > max(slots))
     step = self._step(B)

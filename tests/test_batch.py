@@ -215,6 +215,28 @@ def check_prefilled_together(eng, rng, sampled: bool, n: int = 3):
     assert rel_err(logits[b], want) < 5e-3, b
     assert first[b] == tok and out[:, b].tolist() == rest, b
 
+def test_a_first_token_fetched_before_the_next_prompts_step(eng, rng):
+  """The server's order (worker.Scheduler.tick): slot 0's prompt, the copy of its first token queued (fetch_first),
+  then the step of slots 1 and 2's prompts together, whose idle rows (0 among them) choose and write next_tok too, and
+  only then read_first: each slot's first token and the tokens it decodes next are those it gets alone."""
+  prompts = [rng.integers(0, VOCAB, int(k)).tolist() for k in rng.integers(2, eng.group_rows + 1, 3)]
+  alone = []
+  for p in prompts:
+    eng.reset()
+    alone.append([eng.prefill(0, p)] + eng.decode([0], 3)[:, 0].tolist())
+  eng.reset()
+  for _ in eng.prefill_chunks(0, prompts[0]): pass
+  eng.fetch_first([0])
+  assert eng.prefill_together({1: (prompts[1], Sampling()), 2: (prompts[2], Sampling())}) == {1: len(prompts[1]), 2: len(prompts[2])}
+  # a step queued after the fetch may write slot 0's next_tok (that step's idle row 0 chose too, at slot 0's length,
+  # which may or may not give the same token): here certainly, so that a copy made at read_first would read it
+  eng._copy_in(eng.state.next_tok, 0, np.array([(alone[0][0] + 1) % VOCAB], np.int32))
+  assert eng.read_first() == {0: alone[0][0]}
+  eng.fetch_first([1, 2])
+  assert eng.read_first() == {1: alone[1][0], 2: alone[2][0]}
+  out = eng.decode([0, 1, 2], 3)
+  for b in range(3): assert out[:, b].tolist() == alone[b][1:], b
+
 def test_interleaved_prompts_each_run_their_own_tokens(eng, rng):
   """Two prompts of several chunks each, prefilled a chunk at a time in turn (as the server's scheduler runs joining
   jobs): each gets the first-token logits it gets alone. The prompt buffer is shared by the slots."""

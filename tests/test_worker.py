@@ -25,6 +25,7 @@ class FakeEngine:
     self.max_batch, self.max_context, self.slots = slots, ctx, [Slot() for _ in range(slots)]
     self.chunks_run, self.decodes, self.fail, self.resets, self.lock = 0, [], None, 0, threading.Lock()
     self.rounds = []  # the steps of each decode round
+    self.log = []  # the prompts' steps queued and the first tokens' fetches and reads, in order
   def common_prefix(self, s, toks):
     n = 0
     for a, b in zip(self.slots[s].cached, toks):
@@ -38,12 +39,21 @@ class FakeEngine:
     while pos < len(toks):
       time.sleep(0.01)
       self.chunks_run += 1
+      self.log.append(("chunk", slot))
       pos = min(pos + 4, len(toks)); s.cached = toks[:pos]
       yield pos
   def first_token(self, slot):
     s = self.slots[slot]
     if s.next is None: s.next = s.cached[-1] + 1
     return s.next
+  def fetch_first(self, slots):
+    assert not getattr(self, "fetched", None), "one fetch at a time"
+    self.fetched = list(slots)
+    self.log.append(("fetch", tuple(slots)))
+  def read_first(self):
+    slots, self.fetched = self.fetched, None
+    self.log.append(("read", tuple(slots)))
+    return {b: self.first_token(b) for b in slots}
   def decode(self, slots, n, ahead=False):
     if self.fail: raise self.fail
     self.decodes.append(tuple(slots)); self.rounds.append(n)
@@ -256,6 +266,33 @@ def test_jobs_that_arrive_during_a_chunk_prefill_before_the_decode_round():
     assert all(firsts), firsts
   finally: loop.close()
 
+def test_a_joining_jobs_prompt_is_queued_before_the_first_tokens_read():
+  """Jobs that arrive while the first one's prompt runs: each prompt's step is queued before the first token of the
+  one before it is read (engine.fetch_first, then read_first), so that the device runs them back to back while the
+  host reads; every job still gets its own tokens, and its first token before the decode round."""
+  loop = asyncio.new_event_loop()
+  try:
+    eng = FakeEngine(slots=3)
+    sched = W.Scheduler(eng, Tok(), Metrics(), lookahead=4)
+    jobs = [W.Job([10 * (i + 1)] * 4, 3, Sampling(), [], loop) for i in range(3)]
+    sched.admit(jobs[0])
+    late = list(jobs[1:])
+    def join():
+      if late: sched.admit(late.pop(0))  # one arrives during each prompt's step
+      return False
+    sched.tick(waiting=False, join=join)
+    assert eng.log == [("chunk", 0), ("fetch", (0,)), ("chunk", 1), ("read", (0,)), ("fetch", (1,)), ("chunk", 2),
+                       ("read", (1,)), ("fetch", (2,)), ("read", (2,))], eng.log
+    assert eng.decodes == [(0, 1, 2)], eng.decodes
+    for _ in range(5):
+      if sched.busy(): sched.tick(waiting=False)
+    loop.run_until_complete(asyncio.sleep(0))
+    for i, j in enumerate(jobs):
+      evs = []
+      while not j.events.empty(): evs.append(j.events.get_nowait())
+      assert "".join(e[1] for e in evs if e[0] == "text") == "".join(f"<{10 * (i + 1) + 1 + k}>" for k in range(3)), evs
+  finally: loop.close()
+
 class GroupEngine(FakeEngine):
   """FakeEngine with a step that prefills every slot's prompt together, group_rows tokens each."""
   group_rows = 4
@@ -264,6 +301,7 @@ class GroupEngine(FakeEngine):
     self.together = []
   def prefill_together(self, jobs):
     self.together.append(sorted(jobs))
+    self.log.append(("together", tuple(sorted(jobs))))
     out = {}
     for b, (toks, _) in jobs.items():
       s = self.slots[b]

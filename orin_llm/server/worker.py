@@ -158,6 +158,17 @@ class Scheduler:
     chunks (4 clients: time to the first token 24.9 ms at the median against 5.5 alone, 1B on an H200)."""
     for r in list(self.runs.values()):
       if r.job.cancelled.is_set(): self._finish(r, "cancelled")
+    # prompts completed by the step queued last: their first tokens are fetched behind it (engine.fetch_first) and read
+    # once the next step is queued, so that the device runs the prompts of jobs that joined meanwhile while the host
+    # waits. Clients that send together reach the engine's queue 0.3-1.3 ms after the first one's job is taken, while its
+    # step runs (1B, H100: docs/PERF.md, fifty-sixth session): their step then follows it on the device without the
+    # host's read of the first one's token, its events and their step's queueing in between.
+    held: list[Run] = []
+    def queued(done: list[Run]):
+      nonlocal held
+      if held: self._read_first(held)
+      held = done
+      if done: self.eng.fetch_first([r.slot for r in done])
     ran, long = set(), False
     while not long:
       joining = sorted((r for r in self.runs.values() if r.prefill is not None and r not in ran), key=lambda r: r.job.arrived)
@@ -165,20 +176,20 @@ class Scheduler:
       together = self._together(joining)
       if together:  # short prompts of several jobs: their next tokens in one step, the weights read once for all
         ran.update(together)
-        self._prefill_together(together)
+        queued(self._prefill_together(together))
         joining = [r for r in joining if r not in together]
       for r in joining:  # a chunk each, oldest first; a prompt's last chunk also queues the choice of its first token
         ran.add(r)
         before = len(self.eng.slots[r.slot].cached)
         next(r.prefill, None)
         done = len(self.eng.slots[r.slot].cached)
-        if done == len(r.job.prompt):
-          r.prefill = None
-          self._emit(r, [self.eng.first_token(r.slot)])  # read at once: each joining job's first token as soon as it is chosen
+        if done == len(r.job.prompt): r.prefill = None
+        queued([r] if r.prefill is None else [])
         if done - before > self.long_chunk:  # a long chunk ran (~28 ms, 1B on an H100): the generating slots go next
           long = True
           break
       if join is not None: waiting = join()
+    queued([])
     gen = [r for r in self.runs.values() if r.prefill is None]
     if not gen: return
     busy = waiting or any(r.prefill is not None for r in self.runs.values())
@@ -215,14 +226,22 @@ class Scheduler:
             and len(r.job.prompt) - min(self.eng.common_prefix(r.slot, r.job.prompt), len(r.job.prompt) - 1) <= self.long_chunk]
     return runs if len(runs) > 1 else []
 
-  def _prefill_together(self, runs: list[Run]):
+  def _prefill_together(self, runs: list[Run]) -> list[Run]:
+    """Queues the step of these runs' next tokens; returns those whose prompts it completes."""
     got = self.eng.prefill_together({r.slot: (r.job.prompt, r.job.sampling) for r in runs})
+    done = []
     for r in runs:
       if got[r.slot] == len(r.job.prompt):
         r.prefill = None
-        self._emit(r, [self.eng.first_token(r.slot)])
+        done.append(r)
       else:  # a fresh iterator, should the job go on alone: it starts from what the slot caches now
         r.prefill = self.eng.prefill_chunks(r.slot, r.job.prompt, r.job.sampling)
+    return done
+
+  def _read_first(self, runs: list[Run]):
+    """Waits for the first tokens fetched for these runs and hands each to its job."""
+    first = self.eng.read_first()
+    for r in runs: self._emit(r, [first[r.slot]])
 
   def _mask(self, r: Run):
     """r's next bitmask; a constraint that fails fails its job alone (the row chooses freely, and is dropped)."""
