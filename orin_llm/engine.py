@@ -136,6 +136,7 @@ class Engine:
     self.model = Transformer(self.cfg, self.weights, self.reach, self.device, pad=pad, slots=max_batch)
     self.state = RunState(self.model.capacity, max_batch, self.cfg.vocab_size, self.device, self.group_rows)
     self.io = host_io(self.device)
+    self._fetched: list[int] = []  # the slots of fetch_first's copy, until read_first
     # the model step queued ahead by the last decode(ahead=True), for the next round of the same slots: (slots, batch
     # size, each slot's position and input token); any other step clears it (it writes the logits that step left)
     self._ahead: tuple | None = None
@@ -288,9 +289,10 @@ class Engine:
 
   def fetch_first(self, slots: list[int]):
     """Queues the copy to the host of the tokens chosen for these slots' prompts, whose last steps (prefill_chunks',
-    prefill_together's) are queued; read_first waits for it. Steps queued in between run while the host waits (the
-    server queues the prompts of jobs that joined meanwhile), and may write these slots' next_tok (a batch's idle rows
-    choose too): the copy has its place before them."""
+    prefill_together's) are queued; read_first waits for it. On CUDA (hostio.CudaHostIO) steps queued in between run
+    while the host waits (the server queues the prompts of jobs that joined meanwhile); elsewhere the fetch itself
+    waits. Those steps may write these slots' next_tok (a batch's idle rows choose too): the copy has its place before
+    them."""
     self.io.fetch(self.state.next_tok, max(slots) + 1)
     self._fetched = list(slots)
 

@@ -4,9 +4,10 @@
   fetch(buf, count)           buf.flat[:count] as it is once the steps queued so far have run; wait() returns it
   read(buf, count)            fetch and wait at once
 
-Steps queued between fetch() and wait() may run while the host waits: the engine queues the next decode step before
-it reads this one's tokens, so the device does not idle while the host reads a token, runs the grammar and queues
-the next step (a constrained request reads every token: docs/PERF.md, JSON schema).
+With CudaHostIO, steps queued between fetch() and wait() run while the host waits: the engine queues the next decode
+step before it reads this one's tokens, so the device does not idle while the host reads a token, runs the grammar and
+queues the next step (a constrained request reads every token: docs/PERF.md, JSON schema); the server queues joining
+prompts' step before it reads the first tokens of those before them. With HostIO the fetch itself waits.
 
 HostIO goes through tinygrad's allocator (any device): its fetch copies at once, waiting for everything queued, and
 each upload of the CUDA allocator takes a pinned buffer that is freed only at the next full synchronization.
@@ -28,7 +29,7 @@ def _view(buf: Tensor, start: int, count: int):
   return b.view(count, b.dtype, start * b.dtype.itemsize).ensure_allocated()
 
 class HostIO:
-  def __init__(self): self.pending: tuple | None = None
+  def __init__(self): self.pending = None  # what fetch() fetched (HostIO: the values; CudaHostIO: a _Fetch or the values)
 
   def upload(self, buf: Tensor, start: int, values: np.ndarray):
     """A plain host-to-device copy straight through the allocator. A slice assign would compile a kernel for each

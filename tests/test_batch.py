@@ -236,6 +236,10 @@ def test_a_first_token_fetched_before_the_next_prompts_step(eng, rng):
   assert eng.read_first() == {1: alone[1][0], 2: alone[2][0]}
   out = eng.decode([0, 1, 2], 3)
   for b in range(3): assert out[:, b].tolist() == alone[b][1:], b
+  eng.fetch_first([0])
+  eng.reset()  # what the server does after a failure, which may come between a fetch and its read
+  eng.fetch_first([0])  # a fetch left unread would make this one fail (one fetch at a time)
+  eng.read_first()
 
 def test_interleaved_prompts_each_run_their_own_tokens(eng, rng):
   """Two prompts of several chunks each, prefilled a chunk at a time in turn (as the server's scheduler runs joining

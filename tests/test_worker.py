@@ -36,6 +36,7 @@ class FakeEngine:
     s = self.slots[slot]
     pos = min(self.common_prefix(slot, toks), len(toks) - 1)
     s.cached, s.next = toks[:pos], None
+    if slot == getattr(self, "fail_prefill", None): raise RuntimeError("the device went away")
     while pos < len(toks):
       time.sleep(0.01)
       self.chunks_run += 1
@@ -65,6 +66,7 @@ class FakeEngine:
     return out
   def reset(self, slot=None):
     self.resets += 1
+    self.fetched = None
     for s in self.slots: s.cached, s.next = [], None
 
 @pytest.fixture
@@ -293,6 +295,38 @@ def test_a_joining_jobs_prompt_is_queued_before_the_first_tokens_read():
       assert "".join(e[1] for e in evs if e[0] == "text") == "".join(f"<{10 * (i + 1) + 1 + k}>" for k in range(3)), evs
   finally: loop.close()
 
+def test_a_failure_while_a_first_token_is_fetched_fails_its_job_too():
+  """The second job's prompt fails while the first one's first token is fetched and not yet read: both jobs get the
+  error (Worker runs Scheduler.fail), the engine is reset (the fetch dropped), and the next job runs."""
+  loop = asyncio.new_event_loop()
+  try:
+    eng = FakeEngine(slots=2)
+    eng.fail_prefill = 1
+    sched = W.Scheduler(eng, Tok(), Metrics(), lookahead=4)
+    jobs = [W.Job([10 * (i + 1)] * 4, 3, Sampling(), [], loop) for i in range(3)]
+    sched.admit(jobs[0])
+    late = [jobs[1]]
+    def join():
+      if late: sched.admit(late.pop())
+      return False
+    with pytest.raises(RuntimeError): sched.tick(waiting=False, join=join)
+    assert eng.log[:2] == [("chunk", 0), ("fetch", (0,))] and eng.fetched == [0], eng.log
+    sched.fail(RuntimeError("the device went away"))
+    assert eng.fetched is None and not sched.busy()
+    eng.fail_prefill = None
+    sched.admit(jobs[2])
+    for _ in range(5):
+      if sched.busy(): sched.tick(waiting=False)
+    loop.run_until_complete(asyncio.sleep(0))
+    evs = []
+    for j in jobs:
+      e = []
+      while not j.events.empty(): e.append(j.events.get_nowait())
+      evs.append(e)
+    assert [e[0] for e in evs[0] if e[0] != "start"] == ["error"] and [e[0] for e in evs[1] if e[0] != "start"] == ["error"], evs[:2]
+    assert "".join(e[1] for e in evs[2] if e[0] == "text") == "<31><32><33>", evs[2]
+  finally: loop.close()
+
 class GroupEngine(FakeEngine):
   """FakeEngine with a step that prefills every slot's prompt together, group_rows tokens each."""
   group_rows = 4
@@ -312,7 +346,7 @@ class GroupEngine(FakeEngine):
 
 def test_short_prompts_that_join_together_prefill_in_one_step():
   """Three short prompts and a long one admitted at once: the short ones run their tokens in a step over all slots,
-  each one's first token read as its prompt completes, the long one (more than long_chunk tokens left) a chunk of
+  each one's first token read once the next step is queued, the long one (more than long_chunk tokens left) a chunk of
   its own. Next tick the 6-token prompt's rest and the long one's (now short enough) run together; the long one's
   last tokens then run alone, in its own chunk. Every job gets its own tokens."""
   loop = asyncio.new_event_loop()

@@ -150,7 +150,8 @@ class Scheduler:
   def tick(self, waiting: bool, join=None):
     """A prefill chunk of each joining job (oldest first, until one runs a long chunk), then one decode round for
     every generating slot. Clients that arrive together each get their first token after their own short prompt's
-    chunk and those before it, not after theirs and a decode round for each job before them. waiting: jobs wait for
+    chunk and those before it, not after theirs and a decode round for each job before them (read once the next
+    joining step is queued, see below). waiting: jobs wait for
     a slot, so the round is kept short and they join sooner. join(): admits the jobs queued since (while slots are
     free) and says whether jobs still wait; called after the chunks, so that jobs which arrived during them take
     their chunk in this tick too, before the round. Clients that send together reach the queue a few milliseconds
@@ -180,6 +181,7 @@ class Scheduler:
         joining = [r for r in joining if r not in together]
       for r in joining:  # a chunk each, oldest first; a prompt's last chunk also queues the choice of its first token
         ran.add(r)
+        if r.job.constraint is not None: queued([])  # its first mask (a grammar's, possibly milliseconds) is not waited for
         before = len(self.eng.slots[r.slot].cached)
         next(r.prefill, None)
         done = len(self.eng.slots[r.slot].cached)
