@@ -69,6 +69,12 @@ class FakeEngine:
     self.fetched = None
     for s in self.slots: s.cached, s.next = [], None
 
+def drain(job) -> list:
+  """The events the job has posted so far."""
+  out = []
+  while not job.events.empty(): out.append(job.events.get_nowait())
+  return out
+
 @pytest.fixture
 def setup(monkeypatch):
   monkeypatch.setattr(W.Worker, "_warm_up", lambda self: None)
@@ -290,8 +296,7 @@ def test_a_joining_jobs_prompt_is_queued_before_the_first_tokens_read():
       if sched.busy(): sched.tick(waiting=False)
     loop.run_until_complete(asyncio.sleep(0))
     for i, j in enumerate(jobs):
-      evs = []
-      while not j.events.empty(): evs.append(j.events.get_nowait())
+      evs = drain(j)
       assert "".join(e[1] for e in evs if e[0] == "text") == "".join(f"<{10 * (i + 1) + 1 + k}>" for k in range(3)), evs
   finally: loop.close()
 
@@ -318,11 +323,7 @@ def test_a_failure_while_a_first_token_is_fetched_fails_its_job_too():
     for _ in range(5):
       if sched.busy(): sched.tick(waiting=False)
     loop.run_until_complete(asyncio.sleep(0))
-    evs = []
-    for j in jobs:
-      e = []
-      while not j.events.empty(): e.append(j.events.get_nowait())
-      evs.append(e)
+    evs = [drain(j) for j in jobs]
     assert [e[0] for e in evs[0] if e[0] != "start"] == ["error"] and [e[0] for e in evs[1] if e[0] != "start"] == ["error"], evs[:2]
     assert "".join(e[1] for e in evs[2] if e[0] == "text") == "<31><32><33>", evs[2]
   finally: loop.close()
