@@ -3,7 +3,7 @@ template, one with Qwen3's, their real vocabularies with the tool-call tokens), 
 client. With random weights only the constraint can make an answer valid: 50 random JSON schemas must all
 validate, and forced tool calls must parse with arguments valid under the function's schema, streamed or not,
 and go back to the model as tool results. SmolLM2 (real weights) answers a schema with the right facts."""
-import json, os, pathlib, signal, subprocess, sys, time
+import contextlib, json, os, pathlib, signal, subprocess, sys, threading, time
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
@@ -39,8 +39,49 @@ def server(request, tmp_path_factory):
   d = tmp_path_factory.mktemp(request.param)
   v = vocab_file(d / "vocab.gguf", vocab, (TEMPLATES / template).read_text())
   model = write_model(d / f"{request.param}.gguf", preset(shape, n_layers=1), QT.Q4_K, v, seed=1, types={"token_embd.weight": QT.Q8_0})
-  with running(ServerConfig(model=str(model), port=0, context_length=CONTEXT, queue_size=4, max_tokens_default=64)) as base:
-    yield request.param, openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=300), base
+  with pytest.MonkeyPatch.context() as mp, recorded_start(mp) as events:
+    with running(ServerConfig(model=str(model), port=0, context_length=CONTEXT, queue_size=4, max_tokens_default=64)) as base:
+      STARTS[request.param] = events
+      yield request.param, openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=300), base
+
+STARTS = {}  # family: its server's recorded_start events
+@contextlib.contextmanager
+def recorded_start(mp):
+  """Records, in order, the server's states (worker.Worker._set) and each build of llguidance's vocabulary index
+  (structured.Grammars.lltok's first call) with the thread it ran on."""
+  from orin_llm import structured
+  from orin_llm.server import worker as worker_module
+  events, lltok, set_state = [], structured.Grammars.lltok, worker_module.Worker._set
+  def recorded_lltok(self):
+    new = self._ll is None
+    out = lltok(self)
+    if new: events.append(("built", threading.current_thread().name))
+    return out
+  def recorded_set(self, state, status):
+    events.append(("state", state))
+    return set_state(self, state, status)
+  mp.setattr(structured.Grammars, "lltok", recorded_lltok)
+  mp.setattr(worker_module.Worker, "_set", recorded_set)
+  yield events
+
+def test_vocabulary_built_before_ready(server, rng):
+  """llguidance's vocabulary index is built once, on the engine thread while the model loads, before the server says
+  ready: its constructor holds the GIL from start to end (0.4-1 s for these 128k-token vocabularies), so built at the
+  first structured request, even in a thread, it stalled /health and every stream (0.69 s measured, fifty-seventh
+  session). A structured request builds nothing more, and its answer is valid under its schema."""
+  family, client, base = server
+  events = STARTS[family]
+  built = [e for e in events if e[0] == "built"]
+  assert built == [("built", "engine")], events
+  assert events.index(built[0]) < events.index(("state", "ready")), events
+  schema = schemas.schema(rng)
+  r = client.chat.completions.create(model=client.models.list().data[0].id, messages=[{"role": "user", "content": "JSON"}], max_tokens=300,
+                                     temperature=1.0, seed=int(rng.integers(1 << 20)),
+                                     response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}})
+  assert r.choices[0].finish_reason == "stop"
+  jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+  assert [e for e in events if e[0] == "built"] == built, events  # nothing built at the request
+
 
 # ------------------------------------------------------------------ JSON schemas
 def test_random_schemas_validate(server, rng):

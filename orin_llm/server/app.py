@@ -71,11 +71,29 @@ class Server:
     except OrinError as e: raise APIError(400, str(e), param=param, code="template_error" if op == "chat" else None) from None
 
   def grammars(self):
-    """llguidance's vocabulary of the model (structured.Grammars), built on first use."""
+    """llguidance's vocabulary of the model (structured.Grammars): built while the model loads (build_grammars), else
+    on first use."""
     if self._grammars is None:
       from orin_llm.structured import Grammars
       self._grammars = Grammars(self.worker.tok, self.worker.engine.cfg.vocab_size)
     return self._grammars
+
+  def build_grammars(self, tok, eng):
+    """Builds llguidance's vocabulary before READY (cli.serve calls it on the engine thread). Its constructor (Rust)
+    holds the GIL from start to end, 0.4-0.7 s for LLaMA 3's 128k tokens on an x86 core: built at the first
+    structured request, even in a thread, it stalled the event loop (/health waited up to 0.69 s; every stream
+    waited too). A failure here is left for the requests that need the vocabulary to report."""
+    from orin_llm.structured import Grammars
+    t0 = time.monotonic()
+    try:
+      n_vocab = eng.cfg.vocab_size
+      g = Grammars(tok, n_vocab)
+      g.lltok()
+    except Exception as e:  # noqa: BLE001 (llguidance missing or refusing the vocabulary: structured requests say so)
+      logger.warning(f"structured output: llguidance's vocabulary was not built ({e}); requests that need it will try again")
+      return
+    self._grammars = g
+    logger.info(f"structured output: llguidance's vocabulary of {n_vocab} tokens built in {time.monotonic() - t0:.1f} s")
 
   def tool_format(self):
     """The tool-call family of the model's chat template (structured.tool_format)."""
@@ -465,9 +483,10 @@ def _structured_chat(srv: Server, body: dict, msgs: list[dict]) -> dict:
   return {"messages": msgs, "template": tvars, "grammar": grammar, "tools": fmt}
 
 async def _constraint(srv: Server, grammar: str, param: str, schema=None):
-  """A structured.Constraint, built off the event loop (the first builds llguidance's vocabulary, ~1 s)."""
+  """A structured.Constraint, built off the event loop (validating a grammar takes milliseconds; the vocabulary, if
+  build_grammars could not build it at start, is built there too)."""
   from orin_llm.structured import GrammarError
-  try: return await asyncio.get_running_loop().run_in_executor(None, srv.grammars().constraint, grammar, param, schema)
+  try: return await asyncio.get_running_loop().run_in_executor(None, lambda: srv.grammars().constraint(grammar, param, schema))
   except GrammarError as e: raise APIError(400, str(e), param=param) from None
 
 def _tool_choice(text: str, finish: str, fmt) -> dict:

@@ -78,9 +78,10 @@ async def serve(cfg, stop: asyncio.Event | None = None, on_listening=None, load=
     systemd.notify(("READY=1\n" if state == "ready" else "") + "STATUS=" + text)
   file_limit(cfg)
   metrics = Metrics()
-  def loaded():  # on the engine thread: the model, then the prompt worker for its template and tokenizer
+  def loaded():  # on the engine thread: the model, the prompt worker for its template and tokenizer, llguidance's vocabulary
     eng, tok = load(cfg)
     srv.prompts = prompt_worker(cfg, eng, tok)
+    srv.build_grammars(tok, eng)
     return eng, tok
   worker = Worker(loaded, cfg.queue_size, metrics, on_status, gather=cfg.gather_ms / 1e3)
   srv = Server(cfg, worker, metrics)
